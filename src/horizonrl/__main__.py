@@ -1,0 +1,5 @@
+import sys
+
+from horizonrl.cli import main
+
+sys.exit(main())

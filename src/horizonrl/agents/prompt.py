@@ -1,0 +1,68 @@
+"""Prompt building: the system instruction, a memory window of past turns, the current observation.
+
+Layout with memory window n (Verlog; n = 1 by default):
+    system     instruction
+    user       "Observation:\n{obs_{t-n}}"          \\  repeated for each of the
+    assistant  "Previous plan:\n{plan_{t-n}}"        /   last n turns
+    user       "Current Observation:\n{obs_t}\n\n" + RESPONSE_FORMAT
+A plan is the turn's reasoning plus the action actually executed, never invalid text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from horizonrl.agents.actions import ACTION_TAG, THINK_TAG
+from horizonrl.envs.base import Instruction
+
+RESPONSE_FORMAT = (
+    "What will you do next? Please respond in the following format:\n"
+    f"{THINK_TAG} step-by-step reasoning\n"
+    f"{ACTION_TAG} One valid action from the allowed set."
+)
+CURRENT_OBSERVATION = "Current Observation:\n"
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    observation: str
+    plan: str
+
+
+def system_prompt(instruction: Instruction) -> str:
+    actions = ", ".join(f"{name}: {description}" for name, description in instruction.actions.items())
+    tips = "; ".join(instruction.tips) if instruction.tips else "none"
+    return (
+        f"{instruction.intro}.\n"
+        f"Your goal is to {instruction.mission}.\n"
+        "The following are the possible actions you can take in the game, followed by a short "
+        f"description of each action: {actions}.\n"
+        f"In a moment I will present you an observation. Tips: {tips}.\n"
+        "PLAY!"
+    )
+
+
+def plan_text(think: str, action: str) -> str:
+    """The history's record of a turn: the reasoning and the executed action."""
+    return f"{THINK_TAG} {think}\n{ACTION_TAG} {action}"
+
+
+def current_observation(prompt_text: str) -> str:
+    """The current observation inside a prompt rendered from `build_messages` (for scripted policies)."""
+    after = prompt_text.rsplit(CURRENT_OBSERVATION, 1)[-1]
+    return after.split(f"\n\n{RESPONSE_FORMAT}", 1)[0]
+
+
+def restate(observation: str) -> str:
+    """An observation as one line of reasoning, the way an instruct model often begins its THINK."""
+    return " ".join(line.strip() for line in observation.splitlines() if line.strip())
+
+
+def build_messages(system: str, history: list[HistoryEntry], observation: str, memory: int) -> list[dict]:
+    """Chat messages for the current turn with the last `memory` turns of history."""
+    messages = [{"role": "system", "content": system}]
+    for entry in history[-memory:] if memory > 0 else []:
+        messages.append({"role": "user", "content": f"Observation:\n{entry.observation}"})
+        messages.append({"role": "assistant", "content": f"Previous plan:\n{entry.plan}"})
+    messages.append({"role": "user", "content": f"{CURRENT_OBSERVATION}{observation}\n\n{RESPONSE_FORMAT}"})
+    return messages

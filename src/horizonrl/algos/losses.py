@@ -1,0 +1,99 @@
+"""PPO actor and critic losses, and the loss aggregation modes.
+
+All per-token tensors are [B, T] with a 0/1 `mask` of the sampled tokens. Aggregation takes global
+normalisers (`num_tokens`, `num_seqs` of the whole mini-batch) so that micro-batches summed with
+gradient accumulation give exactly the full mini-batch loss.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+
+
+def aggregate(loss: Tensor, mask: Tensor, mode: LossAgg, num_tokens: float | None = None,
+              num_seqs: float | None = None) -> Tensor:
+    """Reduce a [B, T] per-token loss to a scalar.
+
+        token-mean:           sum_{b,t} m*l / num_tokens                  (num_tokens = sum m)
+        seq-mean-token-sum:   sum_b (sum_t m*l) / num_seqs                 (num_seqs = B)
+        seq-mean-token-mean:  sum_b (sum_t m*l / sum_t m) / num_seqs
+
+    Pass the mini-batch's num_tokens / num_seqs when `loss` is one micro-batch of it.
+    """
+    mask = mask.to(loss.dtype)
+    masked = loss * mask
+    if mode == "token-mean":
+        denom = mask.sum() if num_tokens is None else num_tokens
+        return masked.sum() / max(float(denom), 1.0)
+    denom = loss.shape[0] if num_seqs is None else num_seqs
+    if mode == "seq-mean-token-sum":
+        return masked.sum() / max(float(denom), 1.0)
+    if mode == "seq-mean-token-mean":
+        per_seq = masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        return per_seq.sum() / max(float(denom), 1.0)
+    raise ValueError(f"unknown loss aggregation {mode!r}")
+
+
+def ppo_policy_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, clip_low: float = 0.2,
+                    clip_high: float = 0.2, dual_clip: float | None = 3.0) -> tuple[Tensor, Tensor]:
+    """Per-token clipped surrogate loss with optional dual clip.
+
+        rho  = exp(logp - logp_old)
+        L    = max(-A * rho, -A * clip(rho, 1 - clip_low, 1 + clip_high))
+        L    = min(L, -A * dual_clip)          where A < 0 (dual clip, dual_clip > 1)
+
+    Returns (loss, clipped) per token; `clipped` is 1.0 where the clipped term was the larger one.
+    """
+    ratio = torch.exp(logp - logp_old)
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    loss = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)
+    return loss, (clipped > unclipped).to(loss.dtype)
+
+
+def approx_kl(logp: Tensor, logp_old: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(pi_old || pi): (rho - 1) - log rho, rho = exp(logp - logp_old)."""
+    log_ratio = logp - logp_old
+    return torch.expm1(log_ratio) - log_ratio
+
+
+def value_loss(values: Tensor, values_old: Tensor, returns: Tensor, clip: float | None = 0.5) -> tuple[Tensor, Tensor]:
+    """Per-token clipped value loss.
+
+        V_clip = V_old + clip(V - V_old, -clip, clip)
+        L      = 0.5 * max((V - R)^2, (V_clip - R)^2)
+
+    Returns (loss, clipped) per token; `clipped` is 1.0 where the clipped term was the larger one.
+    """
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        return 0.5 * unclipped, torch.zeros_like(unclipped)
+    v_clipped = values_old + (values - values_old).clamp(-clip, clip)
+    clipped = (v_clipped - returns) ** 2
+    return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).to(values.dtype)
+
+
+def first_token_weights(mask: Tensor, first_token_weight: float) -> Tensor:
+    """Per-token weights for the value loss: `first_token_weight` on the first token of each run of
+    sampled tokens (the value of a turn's prompt, V_{i,0}), 1 elsewhere, 0 where mask is 0."""
+    mask = mask.to(torch.float32)
+    previous = torch.nn.functional.pad(mask[:, :-1], (1, 0))
+    first = mask * (1.0 - previous)
+    return mask + (first_token_weight - 1.0) * first
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """1 - Var[R - V] / Var[R] over masked tokens (1 is a perfect critic, 0 a constant one)."""
+    m = mask.bool()
+    r, v = returns[m].float(), values[m].float()
+    var_r = r.var(unbiased=False)
+    if r.numel() < 2 or var_r <= 0:
+        return float("nan")
+    return float(1.0 - (r - v).var(unbiased=False) / var_r)

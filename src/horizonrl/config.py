@@ -1,0 +1,183 @@
+"""Typed run configuration: YAML recipe + dotted `key=value` overrides, validated by pydantic.
+
+A wrong key, type or value is one `ConfigError` whose message names the key, e.g.
+    ppo.clip_low: Input should be a valid number (got 'abc')
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PACKAGE_CONFIGS = Path(__file__).parent / "configs"        # recipes inside an installed wheel
+SOURCE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # recipes in a source checkout
+DEFAULT_RECIPE = "toy.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with a message meant for the user."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TinyModel(Section):
+    """A Llama-architecture model built from scratch, with a BPE tokenizer trained on the env's text."""
+
+    vocab_size: int = Field(1024, gt=0)
+    hidden_size: int = Field(64, gt=0)
+    num_layers: int = Field(2, gt=0)
+    num_heads: int = Field(4, gt=0)
+    num_kv_heads: int = Field(2, gt=0)
+    intermediate_size: int = Field(192, gt=0)
+    max_position_embeddings: int = Field(2048, gt=0)
+
+
+class WarmStart(Section):
+    """Supervised warm-up on format-correct, uniformly random actions (stands in for an instruct model)."""
+
+    iterations: int = Field(4, gt=0, description="fixed-turn batches of demonstrations to collect")
+    steps: int = Field(200, ge=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(3e-3, gt=0)
+
+
+class ModelConfig(Section):
+    path: str | None = Field(None, description="Hugging Face id or local folder; None builds `tiny`")
+    tiny: TinyModel = TinyModel()
+    warm_start: WarmStart | None = None
+
+    @model_validator(mode="after")
+    def _warm_start_needs_tiny(self) -> ModelConfig:
+        if self.path is not None and self.warm_start is not None:
+            raise ValueError("warm_start trains the tiny model from scratch; set it to null with model.path")
+        return self
+
+
+class EnvConfig(Section):
+    id: str = "river"
+    kwargs: dict[str, Any] = {}
+
+
+class AgentConfig(Section):
+    memory: int = Field(1, ge=0, description="past turns shown in the prompt")
+    invalid_penalty: float = -0.1
+    translations: dict[str, str] = {}
+
+
+class RolloutConfig(Section):
+    n_env: int = Field(16, gt=0)
+    e_len: int = Field(8, gt=0)
+    max_tokens: int = Field(32, gt=0)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_batch_size: int = Field(256, gt=0)
+
+
+class PPOConfig(Section):
+    actor_lr: float = Field(1e-6, gt=0)
+    critic_lr: float = Field(1e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    gamma_step: float = Field(0.99, ge=0, le=1)
+    lambda_step: float = Field(0.95, ge=0, le=1)
+    gamma_token: float = Field(1.0, ge=0, le=1)
+    lambda_token: float = Field(1.0, ge=0, le=1)
+    whiten_advantages: bool = True
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0)
+    dual_clip: float | None = Field(3.0, gt=1)
+    value_clip: float | None = Field(0.5, gt=0)
+    first_token_weight: float = Field(3.0, ge=0)
+    entropy_coef: float = 0.001
+    kl_coef: float = Field(0.001, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    epochs: int = Field(1, gt=0)
+    mini_batch_size: int = Field(128, gt=0, description="turns per optimizer step")
+    micro_batch_size: int = Field(32, gt=0, description="rows per forward/backward pass")
+    grad_clip: float = Field(1.0, gt=0)
+    warmup_batches: int = Field(4, ge=0, description="batches collected for critic warmup")
+    warmup_iters: int = Field(5, ge=0, description="critic-only passes over the warmup batches")
+
+
+class TrainConfig(Section):
+    name: str = "toy"
+    seed: int = 0
+    iterations: int = Field(60, ge=0)
+    device: str = "auto"
+    output_dir: str = "runs"
+    model: ModelConfig = ModelConfig()
+    env: EnvConfig = EnvConfig()
+    agent: AgentConfig = AgentConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    ppo: PPOConfig = PPOConfig()
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> TrainConfig:
+        turns = self.rollout.n_env * self.rollout.e_len
+        if turns % self.ppo.mini_batch_size:
+            raise ValueError(f"rollout.n_env * rollout.e_len = {turns} turns per batch is not divisible by "
+                             f"ppo.mini_batch_size = {self.ppo.mini_batch_size}")
+        return self
+
+
+def default_recipe() -> Path:
+    for folder in (SOURCE_CONFIGS, PACKAGE_CONFIGS):
+        if (folder / DEFAULT_RECIPE).exists():
+            return folder / DEFAULT_RECIPE
+    raise ConfigError(f"default recipe {DEFAULT_RECIPE} not found in {SOURCE_CONFIGS} or {PACKAGE_CONFIGS}")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
+    """Recipe YAML (default: configs/toy.yaml) with `a.b.c=value` overrides (values parsed as YAML)."""
+    path = Path(path) if path is not None else default_recipe()
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {override!r} is not of the form key=value")
+        _set_dotted(raw, key.strip(), yaml.safe_load(value) if value.strip() else None)
+    return validate(raw)
+
+
+def validate(raw: dict) -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError("\n".join(_describe(e) for e in error.errors())) from None
+
+
+def _describe(error: dict) -> str:
+    key = ".".join(str(part) for part in error["loc"]) or "config"
+    if error["type"] == "extra_forbidden":
+        return f"{key}: unknown key"
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "value_error" or not error["loc"]:
+        return f"{key}: {message}"
+    return f"{key}: {message} (got {error['input']!r})"
+
+
+def _set_dotted(raw: dict, key: str, value: Any) -> None:
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {part} is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def dump(config: TrainConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

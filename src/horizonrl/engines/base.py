@@ -1,0 +1,36 @@
+"""The Engine protocol: token ids in, sampled token ids and their log-probs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """max_tokens new tokens at most; temperature 0 means greedy; stop_ids end a response (and are
+    kept in it when sampled)."""
+
+    max_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    """`token_ids` exactly as sampled; `logprobs[i]` = log-prob of token_ids[i] under the sampling
+    distribution (after temperature and top-p); None for engines that do not sample from a model."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: Literal["stop", "length"]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
+
+    def sync_weights(self, model) -> None:
+        """Make the engine sample from `model`'s current weights."""
+        ...

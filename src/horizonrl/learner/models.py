@@ -1,0 +1,87 @@
+"""The three networks of PPO: the policy (actor), the critic (backbone + scalar value head) and the
+frozen reference policy; plus loading a policy from a path or hub id, or building a tiny one."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+
+def load_policy(name_or_path: str, device: torch.device):
+    """Tokenizer and causal LM from a Hugging Face hub id or a local folder (weights kept in fp32:
+    mixed precision happens in autocast, the optimizer holds full-precision master weights)."""
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32).to(device)
+    check_compatible(tokenizer, model, name_or_path)
+    return tokenizer, model
+
+
+def build_tiny_policy(tokenizer, hidden_size: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                      intermediate_size: int, max_position_embeddings: int, seed: int) -> nn.Module:
+    """A randomly initialised Llama-architecture causal LM sized for `tokenizer`.
+
+    Llama rather than Qwen2: for `qwen2` checkpoints, transformers' AutoTokenizer swaps in Qwen's own
+    pre-tokenizer, so a custom tokenizer saved beside the model would not load back as trained.
+    """
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model
+
+
+def check_compatible(tokenizer, model, name: str) -> None:
+    """A tokenizer whose ids the model cannot embed, or that has no chat template, is an error here
+    rather than an index error deep inside a forward pass."""
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > vocab:
+        raise ValueError(f"{name}: tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab}")
+    if not tokenizer.chat_template:
+        raise ValueError(f"{name}: tokenizer has no chat template; horizonrl builds prompts with apply_chat_template")
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"{name}: tokenizer has no EOS token to end a response")
+
+
+def stop_ids(tokenizer, model) -> tuple[int, ...]:
+    """Ids that end a response: the tokenizer's EOS and the model's generation-config EOS ids."""
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        ids.update(configured if isinstance(configured, list) else [configured])
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """The reference policy: a copy of the initial actor with gradients off."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+class ValueModel(nn.Module):
+    """Critic: the policy's transformer backbone with a scalar head.
+
+    forward(...)[b, t] is the value of the state that ends with token t, i.e. of prefix ids[:t+1].
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_policy(cls, policy: nn.Module) -> ValueModel:
+        """A critic initialised from a copy of the policy's backbone; the head starts at V = 0."""
+        return cls(copy.deepcopy(policy.base_model), policy.config.hidden_size).to(policy.device)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.value_head(hidden).squeeze(-1).float()

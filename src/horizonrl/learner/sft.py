@@ -1,0 +1,35 @@
+"""Supervised fine-tuning on training rows: cross-entropy on the loss-mask (assistant) tokens only."""
+
+from __future__ import annotations
+
+import torch
+
+from horizonrl.algos.losses import aggregate
+from horizonrl.learner.scoring import micro_batches, token_logprobs
+from horizonrl.records import SampleBatch
+from horizonrl.samples.tensors import row_tensors
+
+
+def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batch_size: int, lr: float,
+                        seed: int = 0, grad_clip: float = 1.0) -> list[float]:
+    """AdamW on  -sum(mask * log p(token)) / sum(mask)  over random mini-batches of rows.
+
+    Returns the loss of every step.
+    """
+    device = next(model.parameters()).device
+    data = row_tensors(batch, pad_id, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    n_rows = data["input_ids"].shape[0]
+    losses = []
+    for _ in range(steps):
+        rows = torch.randint(n_rows, (min(batch_size, n_rows),), generator=generator).tolist()
+        (mb,) = micro_batches(data, rows, len(rows))
+        logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
+        loss = -aggregate(logp, mb["loss_mask"], "token-mean")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

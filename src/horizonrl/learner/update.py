@@ -1,0 +1,118 @@
+"""Optimizer steps for the actor and the critic: mini-batches, micro-batch gradient accumulation,
+gradient clipping.
+
+Every micro-batch loss is normalised by its mini-batch's token and row counts (see
+`algos.losses.aggregate`), so the accumulated gradient equals the full mini-batch gradient.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from horizonrl.algos.losses import (aggregate, approx_kl, first_token_weights, ppo_policy_loss,
+                                    value_loss)
+from horizonrl.learner.scoring import micro_batches, token_logprobs, token_values
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[dict[str, Tensor], float, float], tuple[Tensor, dict[str, tuple[float, float]]]]
+
+
+class Stats:
+    """Running (sum, count) pairs reported as means: per token for token statistics, per optimizer
+    step for `loss` and `grad_norm`. A statistic added with count 0 is a counter, reported as its sum."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = defaultdict(float)
+        self.counts: dict[str, float] = defaultdict(float)
+
+    def add(self, name: str, total: float, count: float = 1.0) -> None:
+        self.sums[name] += total
+        self.counts[name] += count
+
+    def means(self, prefix: str) -> dict[str, float]:
+        return {f"{prefix}{k}": s / self.counts[k] if self.counts[k] else s for k, s in self.sums.items()}
+
+
+def optimizer_step(optimizer, batches: Iterable[dict[str, Tensor]], loss_fn: LossFn,
+                   num_tokens: float, num_seqs: float, grad_clip: float, stats: Stats) -> None:
+    """One optimizer step over a mini-batch given as micro-batches; skips (and counts) the step when
+    the loss or the gradient norm is not finite."""
+    optimizer.zero_grad(set_to_none=True)
+    loss_total = 0.0
+    for mb in batches:
+        loss, parts = loss_fn(mb, num_tokens, num_seqs)
+        loss.backward()
+        loss_total += loss.item()
+        for name, (total, count) in parts.items():
+            stats.add(name, total, count)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+    finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
+    if finite:
+        optimizer.step()
+        stats.add("loss", loss_total)
+        stats.add("grad_norm", grad_norm)
+    else:
+        log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", loss_total, grad_norm)
+        optimizer.zero_grad(set_to_none=True)
+    stats.add("skipped_updates", float(not finite), 0.0)
+
+
+def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) -> LossFn:
+    """Clipped value loss, token-mean over the mini-batch, first token of each turn weighted."""
+    def loss_fn(mb, num_tokens, num_seqs):
+        mask = mb["loss_mask"]
+        values = token_values(critic, mb["input_ids"], mb["attention_mask"], mask)
+        per_token, clipped = value_loss(values, mb["values_old"], mb["returns"], value_clip)
+        weights = first_token_weights(mask, first_token_weight)
+        loss = aggregate(per_token * weights, mask, "token-mean", num_tokens=num_tokens)
+        n = float(mask.sum())
+        with torch.no_grad():
+            parts = {"value_loss": (float((per_token * weights * mask).sum()), n),
+                     "value_clipfrac": (float((clipped * mask).sum()), n),
+                     "value_mse": (float(((values - mb["returns"]) ** 2 * mask).sum()), n)}
+        return loss, parts
+    return loss_fn
+
+
+def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | None, entropy_coef: float,
+                  loss_agg: str, temperature: float) -> LossFn:
+    """PPO clipped surrogate minus the entropy bonus, aggregated by `loss_agg`."""
+    def loss_fn(mb, num_tokens, num_seqs):
+        mask = mb["loss_mask"]
+        logp, entropy = token_logprobs(actor, mb["input_ids"], mb["attention_mask"], mask, temperature)
+        pg, clipped = ppo_policy_loss(logp, mb["logp_old"], mb["advantages"], clip_low, clip_high, dual_clip)
+        pg_loss = aggregate(pg, mask, loss_agg, num_tokens, num_seqs)
+        entropy_loss = aggregate(entropy, mask, loss_agg, num_tokens, num_seqs)
+        n = float(mask.sum())
+        with torch.no_grad():
+            parts = {
+                "pg_loss": (float((pg * mask).sum()), n),
+                "clipfrac": (float((clipped * mask).sum()), n),
+                "approx_kl": (float((approx_kl(logp, mb["logp_old"]) * mask).sum()), n),
+                "entropy": (float((entropy * mask).sum()), n),
+            }
+        return pg_loss - entropy_coef * entropy_loss, parts
+    return loss_fn
+
+
+def minibatch_updates(data: dict[str, Tensor], mini_batch_size: int, micro_batch_size: int, epochs: int,
+                      generator: torch.Generator, steps: list[tuple[object, LossFn, float, Stats]]) -> None:
+    """For each epoch, shuffle the rows, cut them into mini-batches and run one optimizer step per
+    (optimizer, loss_fn, grad_clip, stats) in `steps` on each mini-batch."""
+    n_rows = data["input_ids"].shape[0]
+    for _ in range(epochs):
+        order = torch.randperm(n_rows, generator=generator).tolist()
+        for begin in range(0, n_rows, mini_batch_size):
+            rows = order[begin:begin + mini_batch_size]
+            num_tokens = float(data["loss_mask"][rows].sum())
+            for optimizer, loss_fn, grad_clip, stats in steps:
+                optimizer_step(optimizer, micro_batches(data, rows, micro_batch_size), loss_fn,
+                               num_tokens, float(len(rows)), grad_clip, stats)

@@ -1,0 +1,70 @@
+"""A tiny policy that follows the response format, built offline from an env.
+
+1. Train a byte-level BPE tokenizer on the env's own text (instruction, observations, the agent's
+   prompt scaffolding and format-correct responses).
+2. Build a randomly initialised Llama-architecture model for it.
+3. Fine-tune it on demonstrations whose format is right and whose actions are uniformly random,
+   collected through the real agent and collector (so prompts are exactly those RL will use).
+The result follows the format but knows nothing about which action is good: RL must do the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from horizonrl.agents.agent import Agent
+from horizonrl.agents.prompt import RESPONSE_FORMAT, plan_text, restate, system_prompt
+from horizonrl.config import TinyModel, WarmStart
+from horizonrl.engines.base import SamplingParams
+from horizonrl.engines.scripted import RandomFormatEngine
+from horizonrl.envs.base import TextEnv
+from horizonrl.learner.models import build_tiny_policy
+from horizonrl.learner.sft import supervised_finetune
+from horizonrl.learner.tokenizer import train_bpe_tokenizer
+from horizonrl.rollout.fixed_turn import FixedTurnCollector
+from horizonrl.samples.per_turn import per_turn
+
+log = logging.getLogger(__name__)
+
+
+def env_corpus(env: TextEnv, episodes: int = 64, seed: int = 0) -> list[str]:
+    """Text the agent will read and write in `env`: instruction, observations under random play,
+    prompt scaffolding and format-correct responses."""
+    rng = random.Random(seed)
+    texts = [system_prompt(env.instruction), RESPONSE_FORMAT, "system user assistant",
+             "Observation:\nPrevious plan:\nCurrent Observation:\n"]
+    for episode in range(episodes):
+        observation, _ = env.reset(seed * 100_003 + episode)
+        done = False
+        while not done:
+            action = rng.choice(env.actions)
+            texts += [observation, plan_text(restate(observation), action)]
+            observation, _, terminated, truncated, _ = env.step(action)
+            done = terminated or truncated
+        texts.append(observation)
+    return texts
+
+
+def build_tiny_for_env(env: TextEnv, tiny: TinyModel, seed: int, device):
+    """(tokenizer, model): a BPE tokenizer trained on `env`'s text and a random tiny model for it."""
+    tokenizer = train_bpe_tokenizer(env_corpus(env, seed=seed), tiny.vocab_size)
+    model = build_tiny_policy(tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.num_kv_heads,
+                              tiny.intermediate_size, tiny.max_position_embeddings, seed)
+    return tokenizer, model.to(device)
+
+
+def format_warm_start(model, tokenizer, envs: list[TextEnv], task: str, warm_start: WarmStart,
+                      agent_memory: int, e_len: int, seed: int) -> list[float]:
+    """Fine-tune `model` in place to answer in the THINK/ACTION format with uniformly random actions;
+    returns the loss of every step."""
+    agent = Agent(tokenizer, memory=agent_memory)
+    demonstrator = RandomFormatEngine(tokenizer, envs[0].actions, seed=seed)
+    collector = FixedTurnCollector(envs, task, agent, demonstrator, SamplingParams(), e_len, seed=seed + 7919)
+    demos = [episode for _ in range(warm_start.iterations) for episode in collector.collect()]
+    losses = supervised_finetune(model, per_turn(demos), tokenizer.pad_token_id, warm_start.steps,
+                                 warm_start.batch_size, warm_start.lr, seed=seed)
+    if losses:
+        log.info("warm start: %d demonstration turns, loss %.3f -> %.3f",
+                 sum(len(e.turns) for e in demos), losses[0], losses[-1])
+    return losses

@@ -1,0 +1,54 @@
+"""Metrics: one JSON object per iteration in runs/<name>/metrics.jsonl, namespaced keys.
+
+Episode statistics (`env/*`) are over the episodes that finished in the iteration; per-turn ones over
+every turn collected in it, including the numbers an env reports in `info["metrics"]` at each step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from horizonrl.records import Episode
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    finished = [e.metrics for e in episodes if e.finished]
+    turns = [t for e in episodes for t in e.turns]
+    step_metrics: dict[str, list[float]] = {}
+    for t in turns:
+        for name, value in t.info.get("metrics", {}).items():
+            step_metrics.setdefault(f"env/{name}", []).append(value)
+    return {
+        **{name: mean(values) for name, values in step_metrics.items()},
+        "env/episodes": len(finished),
+        "env/success_rate": mean([m["success"] for m in finished]),
+        "env/episode_return": mean([m["return"] for m in finished]),
+        "env/episode_length": mean([m["length"] for m in finished]),
+        "env/valid_action_ratio": mean([float(t.valid_action) for t in turns]),
+        "env/turns": len(turns),
+        "rollout/response_length": mean([len(t.response_ids) for t in turns]),
+        "rollout/prompt_length": mean([len(t.prompt_ids) for t in turns]),
+        "rollout/truncated_responses": sum(t.info.get("finish_reason") == "length" for t in turns),
+    }
+
+
+class MetricsLog:
+    """Appends one JSON line per record; NaN is written as null."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def write(self, record: dict) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

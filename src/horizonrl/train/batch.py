@@ -1,0 +1,97 @@
+"""One iteration's training data: rows, network scores, token rewards, advantages.
+
+Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where loss_mask is 0):
+    input_ids, attention_mask, loss_mask      from the samples
+    logp_old, entropy, logp_ref, values_old   from score()
+    advantages, returns                       from estimate_advantages()
+`bootstrap_values` [B] holds V(s_{T+1}) of each bootstrap prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from horizonrl.algos.advantages import dual_discount_gae, whiten
+from horizonrl.algos.kl import kl_estimate, kl_in_reward
+from horizonrl.algos.losses import explained_variance
+from horizonrl.config import PPOConfig
+from horizonrl.learner.scoring import prompt_values, score
+from horizonrl.records import Episode, SampleBatch
+from horizonrl.samples.per_turn import per_turn
+from horizonrl.samples.tensors import TurnIndex, row_tensors
+
+
+@dataclass
+class PPOBatch:
+    episodes: list[Episode]
+    samples: SampleBatch
+    index: TurnIndex
+    data: dict[str, Tensor]
+    bootstrap_values: Tensor
+
+
+def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, micro_batch_size: int,
+            temperature: float, device) -> PPOBatch:
+    """Per-turn rows of `episodes`, scored by the actor, the reference and the critic."""
+    samples = per_turn(episodes)
+    data = row_tensors(samples, pad_id, device)
+    data.update(score(data, micro_batch_size, temperature, actor=actor, reference=reference, critic=critic))
+    bootstrap = prompt_values(critic, samples.bootstrap_prompts, pad_id, micro_batch_size, device)
+    return PPOBatch(episodes, samples, TurnIndex.of(samples, device), data, bootstrap)
+
+
+def refresh_values(batch: PPOBatch, critic, pad_id: int, micro_batch_size: int) -> None:
+    """Re-score values_old and the bootstrap values with the current critic (critic warmup)."""
+    batch.data.update(score(batch.data, micro_batch_size, critic=critic))
+    batch.bootstrap_values = prompt_values(critic, batch.samples.bootstrap_prompts, pad_id, micro_batch_size,
+                                           batch.data["input_ids"].device)
+
+
+def estimate_advantages(batch: PPOBatch, ppo: PPOConfig) -> None:
+    """Token rewards (env reward on each turn's last token, -kl_coef * KL on every token) and
+    dual-discount GAE in the turn layout; advantages and returns stored back in the row layout."""
+    segments, index, data = batch.samples.segments, batch.index, batch.data
+    device = index.mask.device
+    token_rewards = kl_in_reward(index.to_turns(data["logp_old"]), index.to_turns(data["logp_ref"]),
+                                 index.mask, ppo.kl_coef, ppo.kl_estimator)
+    last = index.mask.sum(dim=1).long() - 1
+    token_rewards[torch.arange(len(segments), device=device), last] += torch.tensor(
+        [s.reward for s in segments], device=device)
+    bootstrap = torch.tensor([s.bootstrap for s in segments], device=device)
+    padded = torch.cat([batch.bootstrap_values, torch.zeros(1, device=device)])  # index -1 -> 0.0
+    advantages, returns = dual_discount_gae(
+        token_rewards, index.to_turns(data["values_old"]), index.mask,
+        episode_end=torch.tensor([s.episode_end for s in segments], device=device),
+        next_row=torch.tensor([s.next_segment for s in segments], device=device),
+        bootstrap_value=padded[bootstrap],
+        gamma_step=ppo.gamma_step, lambda_step=ppo.lambda_step,
+        gamma_token=ppo.gamma_token, lambda_token=ppo.lambda_token)
+    if ppo.whiten_advantages:
+        advantages = whiten(advantages, index.mask)
+    shape = data["input_ids"].shape
+    data["advantages"] = index.to_rows(advantages, shape)
+    data["returns"] = index.to_rows(returns, shape)
+
+
+def batch_metrics(batch: PPOBatch) -> dict[str, float]:
+    """Data, KL, critic-fit and sampler-consistency statistics of a prepared batch."""
+    data = batch.data
+    mask = data["loss_mask"]
+    n = float(mask.sum())
+    metrics = {
+        "data/mask_ones_ratio": n / float(data["attention_mask"].sum()),
+        "data/rows": int(mask.shape[0]),
+        "data/bootstrap_prompts": len(batch.samples.bootstrap_prompts),
+        "train/kl_ref": float((kl_estimate(data["logp_old"], data["logp_ref"], "k3") * mask).sum()) / n,
+        "train/returns_mean": float((data["returns"] * mask).sum()) / n,
+        "train/critic/explained_variance": explained_variance(data["values_old"], data["returns"], mask),
+    }
+    turns = [t for e in batch.episodes for t in e.turns]
+    if turns and all(t.response_logprobs is not None for t in turns):
+        engine = torch.tensor([lp for t in turns for lp in t.response_logprobs], device=mask.device)
+        learner = batch.index.to_turns(data["logp_old"])[batch.index.mask.bool()]
+        metrics["rollout/logprob_abs_diff"] = float((engine - learner).abs().mean())
+    return metrics

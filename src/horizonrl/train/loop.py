@@ -1,0 +1,121 @@
+"""The training loop: PPO with dual-discount GAE, critic warmup and fixed-turn batching.
+
+    collect n_env x e_len turns  ->  per-turn rows  ->  score (logp_old, logp_ref, V)
+    ->  token rewards (env reward on the last token, -beta * KL on every token)
+    ->  dual-discount GAE  ->  update critic, update actor  ->  sync weights to the engine
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from horizonrl import envs as env_registry
+from horizonrl.agents.agent import Agent
+from horizonrl.config import TrainConfig, dump
+from horizonrl.engines.base import SamplingParams
+from horizonrl.engines.hf import HFEngine
+from horizonrl.learner.device import autocast_dtype, resolve_device
+from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, stop_ids
+from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
+from horizonrl.learner.warm_start import build_tiny_for_env, format_warm_start
+from horizonrl.report.metrics import MetricsLog, episode_metrics
+from horizonrl.rollout.fixed_turn import FixedTurnCollector
+from horizonrl.train.batch import batch_metrics, estimate_advantages, prepare
+from horizonrl.train.checkpoint import save_checkpoint
+from horizonrl.train.warmup import critic_warmup
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> Path:
+    """Run a whole training job; returns the run folder runs/<name>-<time>/."""
+    torch.manual_seed(cfg.seed)
+    device = resolve_device(cfg.device)
+    run_dir = make_run_dir(cfg)
+    envs = [env_registry.make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.n_env)]
+    ppo, rollout = cfg.ppo, cfg.rollout
+
+    # Networks: the policy (loaded, or tiny + format warm start), a critic from its backbone, a frozen reference.
+    if cfg.model.path is None:
+        tokenizer, actor = build_tiny_for_env(envs[0], cfg.model.tiny, cfg.seed, device)
+        if cfg.model.warm_start:
+            format_warm_start(actor, tokenizer, envs, cfg.env.id, cfg.model.warm_start, cfg.agent.memory,
+                              rollout.e_len, cfg.seed)
+        save_checkpoint(run_dir / "init", actor, tokenizer)
+    else:
+        tokenizer, actor = load_policy(cfg.model.path, device)
+    actor.eval()  # dropout off: the sampler and the learner compute the same function
+    critic = ValueModel.from_policy(actor).eval()
+    reference = frozen_copy(actor)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    actor_opt = torch.optim.AdamW(actor.parameters(), lr=ppo.actor_lr, weight_decay=ppo.weight_decay)
+    critic_opt = torch.optim.AdamW(critic.parameters(), lr=ppo.critic_lr, weight_decay=ppo.weight_decay)
+    actor_loss = actor_loss_fn(actor, ppo.clip_low, ppo.clip_high, ppo.dual_clip, ppo.entropy_coef, ppo.loss_agg,
+                               rollout.temperature)
+    critic_loss = critic_loss_fn(critic, ppo.value_clip, ppo.first_token_weight)
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+
+    # Rollout: the engine samples from the actor itself (shared weights, nothing to copy in-process).
+    engine = HFEngine(actor, pad_id, rollout.max_batch_size, cfg.seed, autocast_dtype(device))
+    agent = Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations)
+    params = SamplingParams(rollout.max_tokens, rollout.temperature, rollout.top_p, stop_ids(tokenizer, actor))
+    collector = FixedTurnCollector(envs, cfg.env.id, agent, engine, params, rollout.e_len, cfg.seed)
+    metrics_log = MetricsLog(run_dir / "metrics.jsonl")
+
+    def collect_and_score():
+        started = time.perf_counter()
+        episodes = collector.collect()
+        rollout_s = time.perf_counter() - started
+        batch = prepare(episodes, actor, reference, critic, pad_id, ppo.micro_batch_size, rollout.temperature,
+                        device)
+        return batch, rollout_s, time.perf_counter() - started - rollout_s
+
+    if ppo.warmup_batches and ppo.warmup_iters:
+        started = time.perf_counter()
+        batches = [collect_and_score()[0] for _ in range(ppo.warmup_batches)]
+        record = {"iteration": 0, "phase": "critic_warmup"}
+        record.update(episode_metrics([e for b in batches for e in b.episodes]))
+        record.update(critic_warmup(batches, critic, critic_opt, critic_loss, ppo, pad_id, shuffle))
+        record["timing/warmup_s"] = time.perf_counter() - started
+        metrics_log.write(record)
+
+    bar = tqdm(range(1, cfg.iterations + 1), desc=cfg.name, disable=not progress, dynamic_ncols=True)
+    for iteration in bar:
+        batch, rollout_s, score_s = collect_and_score()
+        estimate_advantages(batch, ppo)
+
+        started = time.perf_counter()
+        actor_stats, critic_stats = Stats(), Stats()
+        minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_size, ppo.epochs, shuffle,
+                          [(critic_opt, critic_loss, ppo.grad_clip, critic_stats),
+                           (actor_opt, actor_loss, ppo.grad_clip, actor_stats)])
+        engine.sync_weights(actor)
+        update_s = time.perf_counter() - started
+
+        generated = sum(len(t.response_ids) for e in batch.episodes for t in e.turns)
+        record = {"iteration": iteration, "phase": "ppo", **episode_metrics(batch.episodes),
+                  **actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"),
+                  **batch_metrics(batch),
+                  "perf/rollout_tokens_per_s": generated / rollout_s,
+                  "perf/train_tokens_per_s": float(batch.data["attention_mask"].sum()) / (score_s + update_s),
+                  "timing/rollout_s": rollout_s, "timing/score_s": score_s, "timing/update_s": update_s}
+        metrics_log.write(record)
+        bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
+
+    save_checkpoint(run_dir / "checkpoint", actor, tokenizer, critic)
+    return run_dir
+
+
+def make_run_dir(cfg: TrainConfig) -> Path:
+    """runs/<name>-<time>/ with the resolved config.yaml."""
+    base = Path(cfg.output_dir) / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    run_dir, n = base, 1
+    while run_dir.exists():
+        n += 1
+        run_dir = base.with_name(f"{base.name}-{n}")
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(dump(cfg))
+    return run_dir

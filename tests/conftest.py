@@ -1,0 +1,16 @@
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def river_tiny():
+    """A BPE tokenizer trained on the river env's text and a random tiny Llama model for it."""
+    from horizonrl import envs
+    from horizonrl.config import TinyModel
+    from horizonrl.learner.warm_start import build_tiny_for_env
+
+    env = envs.make("river")
+    tokenizer, model = build_tiny_for_env(env, TinyModel(), seed=0, device=torch.device("cpu"))
+    return tokenizer, model.eval()

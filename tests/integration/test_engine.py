@@ -1,0 +1,120 @@
+"""The hf engine: batching, sampling controls, and log-probs that the learner reproduces."""
+
+import asyncio
+
+import pytest
+import torch
+
+from horizonrl.engines.base import SamplingParams
+from horizonrl.engines.hf import HFEngine, sample
+from horizonrl.learner.scoring import token_logprobs
+from horizonrl.samples.tensors import pad
+
+
+def prompts_of(tokenizer, n):
+    texts = [f"You are on stone {i} of 5. The next stone is to your right." * (1 + i % 3) for i in range(n)]
+    return [tokenizer.encode(t) for t in texts]
+
+
+def generate_all(engine, prompts, params):
+    async def run():
+        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    return asyncio.run(run())
+
+
+def test_engine_logprobs_equal_learner_logprobs(river_tiny):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=1)
+    prompts = prompts_of(tokenizer, 6)      # different lengths: left padding in the engine
+    generations = generate_all(engine, prompts, SamplingParams(max_tokens=12, temperature=1.0))
+    rows = [p + g.token_ids for p, g in zip(prompts, generations)]
+    masks = [[0] * len(p) + [1] * len(g.token_ids) for p, g in zip(prompts, generations)]
+    input_ids = pad(rows, tokenizer.pad_token_id, torch.long)
+    attention = pad([[1] * len(r) for r in rows], 0, torch.long)
+    loss_mask = pad(masks, 0, torch.float32)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, input_ids, attention, loss_mask)
+    for row, (p, g) in enumerate(zip(prompts, generations)):
+        learner = logp[row, len(p):len(p) + len(g.token_ids)]
+        assert torch.allclose(learner, torch.tensor(g.logprobs), atol=1e-4, rtol=0), (learner, g.logprobs)
+
+
+def test_temperature_is_part_of_the_sampling_distribution(river_tiny):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=2)
+    prompt = prompts_of(tokenizer, 1)[0]
+    (g,) = generate_all(engine, [prompt], SamplingParams(max_tokens=8, temperature=0.7))
+    input_ids = torch.tensor([prompt + g.token_ids])
+    loss_mask = torch.tensor([[0.0] * len(prompt) + [1.0] * len(g.token_ids)])
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, input_ids, torch.ones_like(input_ids), loss_mask, temperature=0.7)
+    assert torch.allclose(logp[0, len(prompt):], torch.tensor(g.logprobs), atol=1e-4, rtol=0)
+
+
+def test_pending_requests_are_batched_together(river_tiny, monkeypatch):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id)
+    sizes = []
+    original = engine.generate_batch
+    monkeypatch.setattr(engine, "generate_batch", lambda p, s: sizes.append(len(p)) or original(p, s))
+    generate_all(engine, prompts_of(tokenizer, 5), SamplingParams(max_tokens=3))
+    assert sizes == [5]
+
+
+def test_max_tokens_stop_ids_and_finish_reason(river_tiny):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=3)
+    prompt = prompts_of(tokenizer, 1)[0]
+    lengths = [SamplingParams(max_tokens=n) for n in (1, 4, 9)]
+    for params in lengths:
+        (g,) = generate_all(engine, [prompt], params)
+        assert len(g.token_ids) == params.max_tokens and g.finish_reason == "length"
+    # Greedy continuation; stopping on its third token must cut the response right there.
+    (greedy,) = generate_all(engine, [prompt], SamplingParams(max_tokens=6, temperature=0.0))
+    stop = greedy.token_ids[2]
+    first = greedy.token_ids.index(stop)
+    (g,) = generate_all(engine, [prompt], SamplingParams(max_tokens=6, temperature=0.0, stop_ids=(stop,)))
+    assert g.token_ids == greedy.token_ids[:first + 1] and g.finish_reason == "stop"
+
+
+def test_mixed_params_in_one_batch(river_tiny):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=4)
+    prompts = prompts_of(tokenizer, 2)
+
+    async def run():
+        return await asyncio.gather(engine.generate(prompts[0], SamplingParams(max_tokens=2)),
+                                    engine.generate(prompts[1], SamplingParams(max_tokens=7, temperature=0.0)))
+    short, greedy = asyncio.run(run())
+    assert len(short.token_ids) == 2
+    (alone,) = generate_all(engine, [prompts[1]], SamplingParams(max_tokens=7, temperature=0.0))
+    assert greedy.token_ids == alone.token_ids
+
+
+def test_sample_top_p_and_greedy_by_hand():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    temperature = torch.tensor([1.0, 1.0, 0.0])
+    top_p = torch.tensor([0.7, 1.0, 1.0])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(2, 4)
+    for _ in range(400):
+        token, logprob = sample(logits, temperature, top_p, gen)
+        counts[0, token[0]] += 1
+        counts[1, token[1]] += 1
+        # Row 0 samples from {0: 0.5/0.8, 1: 0.3/0.8}: the nucleus reaching 0.7.
+        expected = {0: torch.log(torch.tensor(0.625)), 1: torch.log(torch.tensor(0.375))}[int(token[0])]
+        assert torch.isclose(logprob[0], expected, atol=1e-6)
+        assert torch.isclose(logprob[1], logits[1, token[1]], atol=1e-6)
+        assert token[2] == 0 and torch.isclose(logprob[2], torch.log(torch.tensor(0.5)), atol=1e-6)
+    assert counts[0, 2:].sum() == 0 and counts[0, 0] > counts[0, 1] > 0
+    assert counts[1, 3] > 0   # top_p = 1 keeps the tail
+
+
+def test_engine_errors_reach_every_waiting_request(river_tiny):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id)
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        generate_all(engine, [[]], SamplingParams())
+    too_big = [len(tokenizer) + 5]     # an id the model cannot embed
+    with pytest.raises(IndexError):
+        generate_all(engine, [too_big, too_big], SamplingParams(max_tokens=2))

@@ -1,0 +1,66 @@
+"""Unit tests for horizonrl.algos.kl. Golden values are worked out by hand."""
+
+import pytest
+import torch
+
+from horizonrl.algos.kl import kl_estimate, kl_in_reward
+
+torch.set_num_threads(1)
+
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+# two tokens: d = logp - logp_ref = 0.3 and -0.5
+LOGP = torch.tensor([-0.7, -2.1], dtype=torch.float64)
+LOGP_REF = torch.tensor([-1.0, -1.6], dtype=torch.float64)
+
+EXPECTED = {
+    "k1": [0.3, -0.5],
+    "k2": [0.5 * 0.3 * 0.3, 0.5 * 0.5 * 0.5],  # 0.045, 0.125
+    # k3 = exp(-d) - 1 + d ; e^-0.3 = 0.7408182206817179, e^0.5 = 1.6487212707001282
+    "k3": [0.7408182206817179 - 1.0 + 0.3, 1.6487212707001282 - 1.0 - 0.5],  # 0.04081822, 0.14872127
+}
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_estimators_by_hand(estimator):
+    out = kl_estimate(LOGP, LOGP_REF, estimator)
+    torch.testing.assert_close(out, torch.tensor(EXPECTED[estimator], dtype=torch.float64), **TOL)
+
+
+def test_kl_estimators_float32():
+    out = kl_estimate(LOGP.float(), LOGP_REF.float(), "k3")
+    torch.testing.assert_close(out, torch.tensor(EXPECTED["k3"], dtype=torch.float32), **TOL)
+
+
+def test_default_estimator_is_k1():
+    torch.testing.assert_close(kl_estimate(LOGP, LOGP_REF), torch.tensor(EXPECTED["k1"], dtype=torch.float64))
+
+
+def test_k3_is_nonnegative():
+    gen = torch.Generator().manual_seed(0)
+    for scale in (1e-6, 1e-3, 0.1, 1.0, 5.0, 20.0):
+        for dtype in (torch.float32, torch.float64):
+            logp = (torch.randn(20000, generator=gen) * scale).to(dtype)
+            logp_ref = (torch.randn(20000, generator=gen) * scale).to(dtype)
+            out = kl_estimate(logp, logp_ref, "k3")
+            assert torch.all(out >= 0), (scale, dtype, out.min().item())
+    zero = kl_estimate(torch.tensor([-1.3]), torch.tensor([-1.3]), "k3")
+    assert zero.item() == 0.0
+
+
+def test_unknown_estimator_raises():
+    with pytest.raises(ValueError):
+        kl_estimate(LOGP, LOGP_REF, "k4")
+
+
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_in_reward_scales_by_minus_beta_and_masks(estimator):
+    logp_old = torch.tensor([[-0.7, -2.1, -0.4]], dtype=torch.float64)
+    logp_ref = torch.tensor([[-1.0, -1.6, -3.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    beta = 0.05
+    out = kl_in_reward(logp_old, logp_ref, mask, beta, estimator)
+    e0, e1 = EXPECTED[estimator]
+    expected = torch.tensor([[-0.05 * e0, -0.05 * e1, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(out, expected, **TOL)
+    assert out[0, 2].item() == 0.0

@@ -1,0 +1,204 @@
+"""Unit tests for horizonrl.algos.losses. Golden values are worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from horizonrl.algos.losses import (
+    aggregate,
+    approx_kl,
+    explained_variance,
+    first_token_weights,
+    ppo_policy_loss,
+    value_loss,
+)
+
+torch.set_num_threads(1)
+
+TOL = dict(rtol=1e-6, atol=1e-6)
+
+
+def t(rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def close(actual, expected):
+    torch.testing.assert_close(actual, torch.as_tensor(expected, dtype=actual.dtype), **TOL)
+
+
+# ---------------------------------------------------------------------------------------------
+# ppo_policy_loss
+# ---------------------------------------------------------------------------------------------
+
+LOGP_OLD = -1.37  # arbitrary old log-prob; logp = LOGP_OLD + log(ratio)
+
+
+def _ppo(ratios, advs, **kw):
+    logp_old = torch.full((len(ratios),), LOGP_OLD, dtype=torch.float64)
+    logp = logp_old + torch.log(torch.tensor(ratios, dtype=torch.float64))
+    return ppo_policy_loss(logp, logp_old, torch.tensor(advs, dtype=torch.float64), **kw)
+
+
+def test_ppo_policy_loss_cases_by_hand():
+    kw = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    ratios = [1.1, 1.5, 0.6, 5.0, 1.5, 0.6, 2.0]
+    advs = [0.7, 0.4, -0.5, -0.5, -0.5, 0.4, -0.5]
+    loss, clipped = _ppo(ratios, advs, **kw)
+    expected = [
+        -0.7 * 1.1,  # inside [0.8, 1.28]: -A*rho = -0.77, not clipped
+        -0.4 * 1.28,  # rho above 1+clip_high, A>0: max(-0.6, -0.512) = -0.512, clipped
+        0.5 * 0.8,  # rho below 1-clip_low, A<0: max(0.3, 0.4) = 0.4, clipped
+        0.5 * 3.0,  # dual clip: max(2.5, 0.64) = 2.5, then min(2.5, -A*3 = 1.5) = 1.5
+        0.5 * 1.5,  # rho above 1+clip_high, A<0: max(0.75, 0.64) = 0.75 (pessimistic, unclipped)
+        -0.4 * 0.6,  # rho below 1-clip_low, A>0: max(-0.24, -0.32) = -0.24 (unclipped)
+        0.5 * 2.0,  # A<0, rho=2: max(1.0, 0.64) = 1.0 < 1.5, dual clip not active
+    ]
+    torch.testing.assert_close(loss, torch.tensor(expected, dtype=torch.float64), rtol=1e-6, atol=1e-6)
+    # `clipped`: 1 where the clipped term was the larger one. For the dual-clip token the clipped
+    # term (0.64) is smaller than the unclipped one (2.5), so the indicator is 0 by the docstring.
+    torch.testing.assert_close(clipped, torch.tensor([0, 1, 1, 0, 0, 0, 0], dtype=torch.float64))
+
+
+def test_ppo_policy_loss_without_dual_clip():
+    loss, _ = _ppo([5.0, 0.6], [-0.5, -0.5], clip_low=0.2, clip_high=0.28, dual_clip=None)
+    # max(2.5, 0.64) = 2.5 ; max(0.3, 0.4) = 0.4
+    torch.testing.assert_close(loss, torch.tensor([0.5 * 5.0, 0.5 * 0.8], dtype=torch.float64),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_ppo_policy_loss_gradients():
+    # d loss / d logp = -A*rho for unclipped tokens, 0 for clipped or dual-clipped ones.
+    logp_old = torch.full((4,), LOGP_OLD, dtype=torch.float64)
+    logp = (logp_old + torch.log(torch.tensor([1.1, 1.5, 0.6, 5.0], dtype=torch.float64)))
+    logp.requires_grad_(True)
+    adv = torch.tensor([0.7, 0.4, -0.5, -0.5], dtype=torch.float64)
+    loss, _ = ppo_policy_loss(logp, logp_old, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    loss.sum().backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([-0.7 * 1.1, 0.0, 0.0, 0.0], dtype=torch.float64),
+                               rtol=1e-6, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# value_loss
+# ---------------------------------------------------------------------------------------------
+
+def test_value_loss_by_hand():
+    values = t([1.2, 0.3, 2.3])
+    values_old = t([1.0, 1.1, 1.1])
+    returns = t([2.0, 0.4, 0.4])
+    loss, clipped = value_loss(values, values_old, returns, clip=0.5)
+    # token 0: V-V_old = 0.2 inside clip -> V_clip = V ; 0.5*(1.2-2.0)^2 = 0.5*0.64 = 0.32
+    # token 1: V-V_old = -0.8 -> -0.5, V_clip = 0.6 ; unclipped (0.3-0.4)^2 = 0.01,
+    #          clipped (0.6-0.4)^2 = 0.04 -> 0.5*0.04 = 0.02, clipped
+    # token 2: V-V_old = 1.2 -> 0.5, V_clip = 1.6 ; unclipped (2.3-0.4)^2 = 3.61,
+    #          clipped (1.6-0.4)^2 = 1.44 -> 0.5*3.61 = 1.805, not clipped
+    close(loss, [0.5 * 0.64, 0.5 * 0.04, 0.5 * 3.61])
+    close(clipped, [0.0, 1.0, 0.0])
+
+
+def test_value_loss_unclipped():
+    values = t([1.2, 0.3, 2.3])
+    values_old = t([1.0, 1.1, 1.1])
+    returns = t([2.0, 0.4, 0.4])
+    loss, clipped = value_loss(values, values_old, returns, clip=None)
+    # 0.5*(V-R)^2: 0.5*0.64, 0.5*0.01, 0.5*3.61
+    close(loss, [0.32, 0.005, 1.805])
+    close(clipped, [0.0, 0.0, 0.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregate
+# ---------------------------------------------------------------------------------------------
+
+LOSS = [[0.3, -1.2, 5.0], [2.5, 0.4, 1.1], [0.6, 7.0, 7.0]]
+MASK = [[1, 1, 0], [1, 1, 1], [1, 0, 0]]
+# masked sums per row: -0.9 (2 tokens), 4.0 (3 tokens), 0.6 (1 token); total 3.7 over 6 tokens, 3 rows
+EXPECTED = {
+    "token-mean": 3.7 / 6,
+    "seq-mean-token-sum": 3.7 / 3,
+    "seq-mean-token-mean": (-0.9 / 2 + 4.0 / 3 + 0.6 / 1) / 3,
+}
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED))
+def test_aggregate_by_hand(mode):
+    out = aggregate(t(LOSS), t(MASK), mode)
+    assert out.item() == pytest.approx(EXPECTED[mode], abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED))
+def test_aggregate_micro_batches_sum_to_full_batch(mode):
+    loss, mask = t(LOSS), t(MASK)
+    full = aggregate(loss, mask, mode, num_tokens=6, num_seqs=3)
+    assert full.item() == pytest.approx(EXPECTED[mode], abs=1e-6)
+    for split in ([0], [0, 1]):
+        rest = [i for i in range(3) if i not in split]
+        a = aggregate(loss[split], mask[split], mode, num_tokens=6, num_seqs=3)
+        b = aggregate(loss[rest], mask[rest], mode, num_tokens=6, num_seqs=3)
+        assert (a + b).item() == pytest.approx(EXPECTED[mode], abs=1e-6)
+    # first micro-batch alone, by hand: row 0 only
+    a = aggregate(loss[[0]], mask[[0]], mode, num_tokens=6, num_seqs=3)
+    by_hand = {"token-mean": -0.9 / 6, "seq-mean-token-sum": -0.9 / 3,
+               "seq-mean-token-mean": (-0.9 / 2) / 3}[mode]
+    assert a.item() == pytest.approx(by_hand, abs=1e-6)
+
+
+def test_aggregate_unknown_mode_raises():
+    with pytest.raises(ValueError):
+        aggregate(t(LOSS), t(MASK), "seq-sum")
+
+
+# ---------------------------------------------------------------------------------------------
+# first_token_weights
+# ---------------------------------------------------------------------------------------------
+
+def test_first_token_weights():
+    mask = t([[0, 0, 1, 1, 0], [1, 1, 0, 1, 1], [1, 1, 1, 0, 0], [0, 0, 0, 0, 1]])
+    w = first_token_weights(mask, 3.0)
+    close(w, [[0, 0, 3, 1, 0], [3, 1, 0, 3, 1], [3, 1, 1, 0, 0], [0, 0, 0, 0, 3]])
+    w = first_token_weights(mask, 0.25)
+    close(w, [[0, 0, 0.25, 1, 0], [0.25, 1, 0, 0.25, 1], [0.25, 1, 1, 0, 0], [0, 0, 0, 0, 0.25]])
+
+
+# ---------------------------------------------------------------------------------------------
+# explained_variance
+# ---------------------------------------------------------------------------------------------
+
+def test_explained_variance_perfect_and_constant():
+    returns = t([[1.3, -0.4, 2.2], [0.7, 5.0, 5.0]])
+    mask = t([[1, 1, 1], [1, 0, 0]])
+    # perfect critic on the mask (off-mask values are garbage)
+    values = t([[1.3, -0.4, 2.2], [0.7, -9.0, 9.0]])
+    assert explained_variance(values, returns, mask) == pytest.approx(1.0, abs=1e-6)
+    # constant critic equal to the masked mean (1.3 - 0.4 + 2.2 + 0.7)/4 = 0.95
+    const = torch.full_like(returns, 0.95)
+    assert explained_variance(const, returns, mask) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_explained_variance_by_hand():
+    returns = t([[1.0, 2.0, 4.5, 8.0]])
+    values = t([[1.5, 2.0, 4.0, -3.0]])
+    mask = t([[1, 1, 1, 0]])
+    # R - V = [-0.5, 0, 0.5]: var = 0.5/3 = 1/6 ; R = [1, 2, 4.5]: mean 2.5, var = (2.25+0.25+4)/3 = 6.5/3
+    # EV = 1 - (1/6)/(6.5/3) = 1 - 1/13 = 12/13
+    assert explained_variance(values, returns, mask) == pytest.approx(12 / 13, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# approx_kl
+# ---------------------------------------------------------------------------------------------
+
+def test_approx_kl_by_hand():
+    logp = torch.tensor([-0.9, -2.6, -1.1], dtype=torch.float64)
+    logp_old = torch.tensor([-1.2, -2.1, -1.1], dtype=torch.float64)
+    # log rho = 0.3, -0.5, 0 ; k3 = (rho - 1) - log rho
+    expected = [
+        (1.3498588075760032 - 1.0) - 0.3,  # e^0.3 = 1.3498588075760032 -> 0.0498588...
+        (0.6065306597126334 - 1.0) + 0.5,  # e^-0.5 = 0.6065306597126334 -> 0.1065306...
+        0.0,
+    ]
+    assert math.exp(0.3) == pytest.approx(1.3498588075760032)
+    torch.testing.assert_close(approx_kl(logp, logp_old), torch.tensor(expected, dtype=torch.float64),
+                               rtol=1e-6, atol=1e-6)
+    assert torch.all(approx_kl(logp, logp_old) >= 0)
