@@ -6,6 +6,7 @@ A wrong key, type or value is one `ConfigError` whose message names the key, e.g
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Literal
 
@@ -61,6 +62,18 @@ class ModelConfig(Section):
 class EnvConfig(Section):
     id: str = "river"
     kwargs: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _known_env_and_kwargs(self) -> EnvConfig:
+        from horizonrl.envs import REGISTRY
+
+        if self.id not in REGISTRY:
+            raise ValueError(f"unknown env {self.id!r}; known envs: {', '.join(sorted(REGISTRY))}")
+        try:
+            inspect.signature(REGISTRY[self.id]).bind(**self.kwargs)
+        except TypeError as error:
+            raise ValueError(f"kwargs do not fit env {self.id!r}: {error}") from None
+        return self
 
 
 class AgentConfig(Section):
