@@ -21,18 +21,22 @@ def main(argv: list[str] | None = None) -> int:
     train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "train" and args.quiet:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
     if args.command == "train":
         config_path = args.args[0] if args.args and "=" not in args.args[0] else None
         overrides = args.args[1:] if config_path else args.args
         try:
             cfg = load_config(config_path, overrides)
+            from horizonrl.train.loop import train
+
+            run_dir = train(cfg, progress=not args.quiet)
         except ConfigError as error:
             print(f"horizonrl: config error:\n{error}", file=sys.stderr)
             return 2
-        from horizonrl.train.loop import train
-
-        run_dir = train(cfg, progress=not args.quiet)
         print(f"run folder: {run_dir}")
     return 0
 

@@ -9,12 +9,17 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
+from horizonrl.config import ConfigError
+
 
 def load_policy(name_or_path: str, device: torch.device):
     """Tokenizer and causal LM from a Hugging Face hub id or a local folder (weights kept in fp32:
     mixed precision happens in autocast, the optimizer holds full-precision master weights)."""
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32).to(device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32).to(device)
+    except OSError as error:  # not found locally, not on the hub, or no network
+        raise ConfigError(f"model.path: cannot load {name_or_path!r}: {error}") from None
     check_compatible(tokenizer, model, name_or_path)
     return tokenizer, model
 
@@ -43,11 +48,12 @@ def check_compatible(tokenizer, model, name: str) -> None:
     rather than an index error deep inside a forward pass."""
     vocab = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > vocab:
-        raise ValueError(f"{name}: tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab}")
+        raise ConfigError(f"model.path: {name}: tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab}")
     if not tokenizer.chat_template:
-        raise ValueError(f"{name}: tokenizer has no chat template; horizonrl builds prompts with apply_chat_template")
+        raise ConfigError(f"model.path: {name}: tokenizer has no chat template; horizonrl builds prompts with "
+                          "apply_chat_template")
     if tokenizer.eos_token_id is None:
-        raise ValueError(f"{name}: tokenizer has no EOS token to end a response")
+        raise ConfigError(f"model.path: {name}: tokenizer has no EOS token to end a response")
 
 
 def stop_ids(tokenizer, model) -> tuple[int, ...]:

@@ -34,7 +34,6 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     """Run a whole training job; returns the run folder runs/<name>-<time>/."""
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
-    run_dir = make_run_dir(cfg)
     envs = [env_registry.make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.n_env)]
     ppo, rollout = cfg.ppo, cfg.rollout
 
@@ -44,9 +43,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
         if cfg.model.warm_start:
             format_warm_start(actor, tokenizer, envs, cfg.env.id, cfg.model.warm_start, cfg.agent.memory,
                               rollout.e_len, cfg.seed)
-        save_checkpoint(run_dir / "init", actor, tokenizer)
     else:
         tokenizer, actor = load_policy(cfg.model.path, device)
+    run_dir = make_run_dir(cfg)
+    if cfg.model.path is None:
+        save_checkpoint(run_dir / "init", actor, tokenizer)
     actor.eval()  # dropout off: the sampler and the learner compute the same function
     critic = ValueModel.from_policy(actor).eval()
     reference = frozen_copy(actor)

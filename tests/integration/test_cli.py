@@ -1,0 +1,66 @@
+"""`horizonrl train` end to end on a small budget: run folder, metric keys, checkpoint, config errors."""
+
+import subprocess
+import sys
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from horizonrl.cli import main
+from horizonrl.report.metrics import read_metrics
+
+REQUIRED_KEYS = [
+    "iteration", "env/success_rate", "env/episode_return", "env/episode_length", "env/valid_action_ratio",
+    "train/actor/pg_loss", "train/actor/clipfrac", "train/actor/approx_kl", "train/actor/entropy",
+    "train/critic/value_loss", "train/critic/explained_variance", "data/mask_ones_ratio",
+    "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "timing/rollout_s", "timing/update_s",
+]
+SMALL = ["iterations=2", "rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_size=8", "ppo.micro_batch_size=8",
+         "ppo.warmup_batches=1", "ppo.warmup_iters=1", "model.warm_start.steps=20", "model.warm_start.iterations=1"]
+
+
+def test_train_writes_run_folder_metrics_and_checkpoint(tmp_path, capsys):
+    assert main(["train", *SMALL, f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    assert f"run folder: {run_dir}" in capsys.readouterr().out
+    assert "iterations: 2" in (run_dir / "config.yaml").read_text()
+
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    assert records[0]["phase"] == "critic_warmup"
+    for record in records[1:]:
+        missing = [k for k in REQUIRED_KEYS if k not in record]
+        assert not missing, missing
+        assert record["data/mask_ones_ratio"] > 0 and record["perf/rollout_tokens_per_s"] > 0
+
+    checkpoint = run_dir / "checkpoint"
+    assert (checkpoint / "critic.safetensors").exists()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint)
+    assert model.config.vocab_size >= len(tokenizer)
+
+
+def test_checkpoint_loads_back_as_model_path(tmp_path):
+    assert main(["train", *SMALL, "iterations=0", f"output_dir={tmp_path / 'a'}", "--quiet"]) == 0
+    (run_dir,) = (tmp_path / "a").iterdir()
+    assert main(["train", *SMALL, "iterations=1", "model.warm_start=null", f"model.path={run_dir / 'checkpoint'}",
+                 f"output_dir={tmp_path / 'b'}", "--quiet"]) == 0
+    (resumed,) = (tmp_path / "b").iterdir()
+    assert [r["iteration"] for r in read_metrics(resumed / "metrics.jsonl")] == [0, 1]
+
+
+def test_unloadable_model_path_is_one_clear_error(tmp_path, capsys):
+    assert main(["train", "model.warm_start=null", f"model.path={tmp_path / 'nowhere'}",
+                 f"output_dir={tmp_path}", "--quiet"]) == 2
+    assert "model.path: cannot load" in capsys.readouterr().err
+    assert not list(tmp_path.glob("toy-*")), "no run folder for a run that never started"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["ppo.clip_low=abc"], "ppo.clip_low: Input should be a valid number"),
+    (["missing.yaml"], "config file not found: missing.yaml"),
+])
+def test_console_script_reports_config_errors_without_traceback(args, message):
+    result = subprocess.run([sys.executable, "-m", "horizonrl", "train", *args], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
