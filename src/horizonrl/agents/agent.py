@@ -14,7 +14,8 @@ class Agent:
     """Builds exact prompt ids for an env and parses responses into actions.
 
     `memory` is the number of past turns in the prompt; `invalid_penalty` is added to the reward of a
-    turn whose response named no valid action (the env's default action is executed instead).
+    turn whose response named no valid action (the env's default action is executed instead);
+    `translations` add to (and override) the env's own table of near-misses.
     """
 
     tokenizer: object
@@ -29,7 +30,7 @@ class Agent:
     def decide(self, env: TextEnv, response_ids: list[int]) -> tuple[Decision, str]:
         """The decision for a response and the history plan it leaves (reasoning + executed action)."""
         text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
-        decision = decide(text, env.actions, env.default_action, self.translations)
+        decision = decide(text, env.actions, env.default_action, {**env.translations, **self.translations})
         return decision, plan_text(decision.think, decision.action)
 
 

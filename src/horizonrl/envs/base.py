@@ -1,7 +1,16 @@
 """The TextEnv protocol every environment implements.
 
-An env speaks text: observations are strings, actions are names from `env.actions`. At the end of an
-episode `info` carries `success` (bool) and `progress` (float in [0, 1]).
+An env speaks text: observations are strings, actions are names from `env.actions`.
+
+    reset(seed) -> (observation, info)                 the same seed gives the same episode
+    step(action) -> (observation, reward, terminated, truncated, info)
+        `action` is always one of `env.actions` (the agent maps invalid output to `default_action`);
+        at the episode's end (terminated or truncated) `info` carries `success` (bool) and
+        `progress` (float in [0, 1]); `info["metrics"]`, at any step, maps names to floats that are
+        logged as `env/<name>`.
+    instruction        read again before every prompt, so it may change during an episode
+    translations       normalised near-miss -> action name (e.g. "move forward" -> "go forward")
+    unwrapped          the simulator underneath (minigrid, crafter, ...), for tests and debugging
 """
 
 from __future__ import annotations
@@ -28,9 +37,13 @@ class Instruction:
 class TextEnv(Protocol):
     actions: list[str]
     default_action: str
+    translations: dict[str, str]
 
     @property
     def instruction(self) -> Instruction: ...
+
+    @property
+    def unwrapped(self) -> Any: ...
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]: ...
 

@@ -26,6 +26,8 @@ ACTIONS = {
 class River:
     actions = list(ACTIONS)
     default_action = "wait"
+    translations = {"jump to the left": "jump left", "jump to the right": "jump right", "left": "jump left",
+                    "right": "jump right"}
 
     def __init__(self, stones: int = 5, max_steps: int = 16):
         if stones < 1 or max_steps < stones:
@@ -33,6 +35,10 @@ class River:
         self.stones, self.max_steps = stones, max_steps
         self.sides: list[str] = []
         self.position = self.steps = 0
+
+    @property
+    def unwrapped(self) -> River:
+        return self
 
     @property
     def instruction(self) -> Instruction:
