@@ -6,7 +6,6 @@ A wrong key, type or value is one `ConfigError` whose message names the key, e.g
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any, Literal
 
@@ -62,17 +61,14 @@ class ModelConfig(Section):
 class EnvConfig(Section):
     id: str = "river"
     kwargs: dict[str, Any] = {}
+    workers: bool = Field(False, description="run each env stream in its own worker process")
+    timeout_s: float = Field(60.0, gt=0, description="an env call in a worker slower than this is restarted")
 
     @model_validator(mode="after")
     def _known_env_and_kwargs(self) -> EnvConfig:
-        from horizonrl.envs import REGISTRY
+        from horizonrl.envs import check_kwargs
 
-        if self.id not in REGISTRY:
-            raise ValueError(f"unknown env {self.id!r}; known envs: {', '.join(sorted(REGISTRY))}")
-        try:
-            inspect.signature(REGISTRY[self.id]).bind(**self.kwargs)
-        except TypeError as error:
-            raise ValueError(f"kwargs do not fit env {self.id!r}: {error}") from None
+        check_kwargs(self.id, self.kwargs)
         return self
 
 

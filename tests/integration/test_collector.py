@@ -2,17 +2,17 @@
 
 import pytest
 
-from horizonrl import envs
 from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.engines.scripted import RandomFormatEngine
+from horizonrl.envs.pool import InProcessEnv, open_envs
 from horizonrl.learner.models import stop_ids
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 
 
 def make_collector(tokenizer, engine, n_env=3, e_len=4, max_steps=6, memory=1):
-    streams = [envs.make("river", stones=2, max_steps=max_steps) for _ in range(n_env)]
+    streams = open_envs("river", {"stones": 2, "max_steps": max_steps}, n_env, workers=False, timeout_s=10)
     return FixedTurnCollector(streams, "river", Agent(tokenizer, memory=memory), engine,
                               SamplingParams(max_tokens=16), e_len, seed=5)
 
@@ -58,7 +58,7 @@ def test_truncation_closes_the_episode_with_a_final_observation_prompt(river_tin
 def test_invalid_output_runs_default_action_with_penalty_and_history_shows_it(river_tiny):
     tokenizer, model = river_tiny                       # untrained: emits no valid action
     engine = HFEngine(model, tokenizer.pad_token_id, seed=0)
-    collector = FixedTurnCollector([envs.make("river")], "river", Agent(tokenizer, invalid_penalty=-0.25),
+    collector = FixedTurnCollector([InProcessEnv("river", {})], "river", Agent(tokenizer, invalid_penalty=-0.25),
                                    engine, SamplingParams(max_tokens=8, stop_ids=stop_ids(tokenizer, model)), 2)
     (episode,) = collector.collect()
     first, second = episode.turns
@@ -77,5 +77,5 @@ def _first_messages(collector):
     from horizonrl.agents.prompt import build_messages, system_prompt
 
     stream = collector.streams[0]
-    obs, _ = stream.env.reset(stream.seed)
+    obs, _ = stream.env.env.reset(stream.seed)   # the env inside the in-process handle
     return build_messages(system_prompt(stream.env.instruction), [], obs, 1)

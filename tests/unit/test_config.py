@@ -23,7 +23,7 @@ def test_dotted_overrides_are_parsed_as_yaml():
     (["ppo.mini_batch_size=100"], "not divisible by ppo.mini_batch_size = 100"),
     (["model.path=Qwen/Qwen2.5-0.5B-Instruct"], "model: warm_start trains the tiny model from scratch"),
     (["rollout=3"], "rollout: Input should be a valid dictionary"),
-    (["env.id=rivr"], "env: unknown env 'rivr'; known envs: river"),
+    (["env.id=rivr"], "env: unknown env 'rivr'; known envs: babaisai/goto_win-distr_obj"),
     (["env.kwargs.stone=3"], "env: kwargs do not fit env 'river': got an unexpected keyword argument 'stone'"),
     (["novalue"], "override 'novalue' is not of the form key=value"),
 ])

@@ -73,7 +73,7 @@ def test_observations_by_hand():
 
 
 def test_unknown_env_and_bad_arguments_are_clear_errors():
-    with pytest.raises(ValueError, match="unknown env 'nope'; known envs: river"):
+    with pytest.raises(ValueError, match="unknown env 'nope'; known envs: .*river"):
         envs.make("nope")
     with pytest.raises(ValueError, match="stones <= max_steps"):
         envs.make("river", stones=5, max_steps=3)

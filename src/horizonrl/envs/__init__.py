@@ -1,22 +1,95 @@
-"""Environment registry: `make(env_id, **kwargs)` builds a TextEnv by id."""
+"""Environment registry: `make(env_id, **kwargs)` builds a TextEnv by id.
+
+An entry names its class as "module:Class" and is imported only when used, so an env whose package is
+not installed (textworld is an optional extra) costs nothing until someone asks for it.
+Add your own with `register("my-env", MyEnv, size=8)`.
+"""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from horizonrl.envs.base import Instruction, TextEnv
-from horizonrl.envs.river import River
 
-REGISTRY: dict[str, Callable[..., TextEnv]] = {
-    "river": River,
+
+@dataclass(frozen=True)
+class EnvSpec:
+    factory: str | Callable[..., TextEnv]   # "module:Class" (imported on first use) or the class itself
+    kwargs: dict = field(default_factory=dict)
+    description: str = ""
+    extra: str | None = None                  # the pip extra that installs what it needs
+
+
+def _babyai(task: str, description: str) -> EnvSpec:
+    return EnvSpec("horizonrl.envs.babyai:BabyAIEnv", {"task": task}, description, "envs")
+
+
+def _babaisai(task: str, description: str) -> EnvSpec:
+    return EnvSpec("horizonrl.envs.babaisai:BabaIsAIEnv", {"task": task}, description)
+
+
+def _textworld(kind: str, description: str) -> EnvSpec:
+    return EnvSpec("horizonrl.envs.textworld:TextWorldEnv", {"kind": kind}, description, "textworld")
+
+
+REGISTRY: dict[str, EnvSpec] = {
+    "river": EnvSpec("horizonrl.envs.river:River", {}, "toy: cross stepping stones by reading each observation"),
+    "babyai/goto": _babyai("goto", "BabyAI: go to an object in the room"),
+    "babyai/pickup": _babyai("pickup", "BabyAI: pick up an object"),
+    "babyai/open": _babyai("open", "BabyAI: open a door"),
+    "babyai/pick_up_seq_go_to": _babyai("pick_up_seq_go_to", "BabyAI: pick up an object, then go to another"),
+    "babyai/putnext": _babyai("putnext", "BabyAI: put an object next to another"),
+    "babaisai/goto_win-distr_obj": _babaisai("goto_win-distr_obj", "BabaIsAI: walk to the WIN object past a distractor"),
+    "babaisai/two_room-goto_win": _babaisai("two_room-goto_win", "BabaIsAI: reach the WIN object in the other room"),
+    "babaisai/two_room-goto_win-distr_obj_rule": _babaisai(
+        "two_room-goto_win-distr_obj_rule", "BabaIsAI: two rooms, a distractor object and a distractor rule"),
+    "babaisai/two_room-maybe_break_stop-goto_win": _babaisai(
+        "two_room-maybe_break_stop-goto_win", "BabaIsAI: two rooms; sometimes WALL IS STOP must be broken"),
+    "crafter": EnvSpec("horizonrl.envs.crafter:CrafterEnv", {}, "Crafter: survive and unlock 22 achievements", "envs"),
+    "textworld/simple": _textworld("simple", "TextWorld: a small generated house quest"),
+    "textworld/coin_collector": _textworld("coin_collector", "TextWorld: find the coin through connected rooms"),
+    "textworld/treasure_hunter": _textworld("treasure_hunter", "TextWorld: find a named object in the house"),
 }
+
+
+def register(env_id: str, factory: str | Callable[..., TextEnv], description: str = "", **kwargs) -> None:
+    """Make `env_id` buildable by `make` (and so by `env.id` in a config)."""
+    REGISTRY[env_id] = EnvSpec(factory, kwargs, description)
+
+
+def spec(env_id: str) -> EnvSpec:
+    if env_id not in REGISTRY:
+        raise ValueError(f"unknown env {env_id!r}; known envs: {', '.join(sorted(REGISTRY))}")
+    return REGISTRY[env_id]
+
+
+def factory(env_id: str) -> Callable[..., TextEnv]:
+    """The class behind `env_id`, imported now; a missing package is one message saying what to install."""
+    entry = spec(env_id)
+    if not isinstance(entry.factory, str):
+        return entry.factory
+    module, _, name = entry.factory.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as error:
+        hint = f": pip install 'horizonrl[{entry.extra}]'" if entry.extra else ""
+        raise ValueError(f"env {env_id!r} needs a package that is not installed ({error}){hint}") from None
+
+
+def check_kwargs(env_id: str, kwargs: dict) -> None:
+    """Raise ValueError when `kwargs` do not fit the env's constructor (checked without building it)."""
+    try:
+        inspect.signature(factory(env_id)).bind(**{**spec(env_id).kwargs, **kwargs})
+    except TypeError as error:
+        raise ValueError(f"kwargs do not fit env {env_id!r}: {error}") from None
 
 
 def make(env_id: str, **kwargs) -> TextEnv:
     """Build the env registered as `env_id`; an unknown id is one clear error listing the known ones."""
-    if env_id not in REGISTRY:
-        raise ValueError(f"unknown env {env_id!r}; known envs: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[env_id](**kwargs)
+    return factory(env_id)(**{**spec(env_id).kwargs, **kwargs})
 
 
-__all__ = ["Instruction", "REGISTRY", "TextEnv", "make"]
+__all__ = ["EnvSpec", "Instruction", "REGISTRY", "TextEnv", "check_kwargs", "factory", "make", "register", "spec"]

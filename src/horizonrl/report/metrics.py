@@ -1,7 +1,8 @@
 """Metrics: one JSON object per iteration in runs/<name>/metrics.jsonl, namespaced keys.
 
-Episode statistics (`env/*`) are over the episodes that finished in the iteration; per-turn ones over
-every turn collected in it, including the numbers an env reports in `info["metrics"]` at each step.
+Episode statistics (`env/*`) are over the episodes that finished in the iteration (not those closed by
+an env error: they are counted in `env/errored_episodes`); per-turn ones over every turn collected in
+it, including the numbers an env reports in `info["metrics"]` at each step.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ def mean(xs: list[float]) -> float:
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
-    finished = [e.metrics for e in episodes if e.finished]
+    finished = [e.metrics for e in episodes if e.finished and "error" not in e.metrics]
     turns = [t for e in episodes for t in e.turns]
     step_metrics: dict[str, list[float]] = {}
     for t in turns:
@@ -31,11 +32,25 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "env/episode_return": mean([m["return"] for m in finished]),
         "env/episode_length": mean([m["length"] for m in finished]),
         "env/valid_action_ratio": mean([float(t.valid_action) for t in turns]),
+        "env/invalid_output_examples": invalid_examples(turns),
+        "env/errored_episodes": sum("error" in e.metrics for e in episodes),
         "env/turns": len(turns),
         "rollout/response_length": mean([len(t.response_ids) for t in turns]),
         "rollout/prompt_length": mean([len(t.prompt_ids) for t in turns]),
         "rollout/truncated_responses": sum(t.info.get("finish_reason") == "length" for t in turns),
     }
+
+
+def invalid_examples(turns, limit: int = 3) -> list[str]:
+    """Up to `limit` distinct invalid outputs (the text after ACTION:, or the start of the response)."""
+    examples: list[str] = []
+    for t in turns:
+        text = t.info.get("invalid_output")
+        if text is not None and text not in examples:
+            examples.append(text[:80])
+        if len(examples) == limit:
+            break
+    return examples
 
 
 class MetricsLog:

@@ -19,6 +19,7 @@ from horizonrl.agents.agent import Agent
 from horizonrl.config import TrainConfig, dump
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
+from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import autocast_dtype, resolve_device
 from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, stop_ids
 from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
@@ -33,13 +34,22 @@ from horizonrl.train.warmup import critic_warmup
 def train(cfg: TrainConfig, progress: bool = True) -> Path:
     """Run a whole training job; returns the run folder runs/<name>-<time>/."""
     torch.manual_seed(cfg.seed)
+    envs = open_envs(cfg.env.id, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers, cfg.env.timeout_s)
+    try:
+        return _train(cfg, envs, progress)
+    finally:
+        for env in envs:
+            env.close()
+
+
+def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     device = resolve_device(cfg.device)
-    envs = [env_registry.make(cfg.env.id, **cfg.env.kwargs) for _ in range(cfg.rollout.n_env)]
     ppo, rollout = cfg.ppo, cfg.rollout
 
     # Networks: the policy (loaded, or tiny + format warm start), a critic from its backbone, a frozen reference.
     if cfg.model.path is None:
-        tokenizer, actor = build_tiny_for_env(envs[0], cfg.model.tiny, cfg.seed, device)
+        tokenizer, actor = build_tiny_for_env(env_registry.make(cfg.env.id, **cfg.env.kwargs), cfg.model.tiny,
+                                              cfg.seed, device)
         if cfg.model.warm_start:
             format_warm_start(actor, tokenizer, envs, cfg.env.id, cfg.model.warm_start, cfg.agent.memory,
                               rollout.e_len, cfg.seed)
@@ -76,8 +86,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
 
     if ppo.warmup_batches and ppo.warmup_iters:
         started = time.perf_counter()
-        batches = [collect_and_score()[0] for _ in range(ppo.warmup_batches)]
-        record = {"iteration": 0, "phase": "critic_warmup"}
+        batches, errors = [], 0
+        for _ in range(ppo.warmup_batches):
+            batches.append(collect_and_score()[0])
+            errors += len(collector.errors)
+        record = {"iteration": 0, "phase": "critic_warmup", "env/errors": errors}
         record.update(episode_metrics([e for b in batches for e in b.episodes]))
         record.update(critic_warmup(batches, critic, critic_opt, critic_loss, ppo, pad_id, shuffle))
         record["timing/warmup_s"] = time.perf_counter() - started
@@ -97,7 +110,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
         update_s = time.perf_counter() - started
 
         generated = sum(len(t.response_ids) for e in batch.episodes for t in e.turns)
-        record = {"iteration": iteration, "phase": "ppo", **episode_metrics(batch.episodes),
+        record = {"iteration": iteration, "phase": "ppo", "env/errors": len(collector.errors),
+                  **episode_metrics(batch.episodes),
                   **actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"),
                   **batch_metrics(batch),
                   "perf/rollout_tokens_per_s": generated / rollout_s,
