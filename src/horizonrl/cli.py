@@ -1,6 +1,8 @@
 """horizonrl command line.
 
     horizonrl train [CONFIG] [key=value ...]    train (no CONFIG: the default recipe, configs/toy.yaml)
+    horizonrl envs                              list every env id
+    horizonrl play ENV [--seed N] [key=value]   play an env in the terminal, seeing the agent's prompt
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     train_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
                            help="a recipe YAML (default configs/toy.yaml) and dotted overrides, e.g. ppo.actor_lr=1e-5")
     train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
+    commands.add_parser("envs", help="list every env id")
+    play_cmd = commands.add_parser("play", help="play an env in the terminal, shown the agent's exact prompt")
+    play_cmd.add_argument("env_id")
+    play_cmd.add_argument("kwargs", nargs="*", metavar="key=value", help="env constructor arguments")
+    play_cmd.add_argument("--seed", type=int, default=0)
+    play_cmd.add_argument("--memory", type=int, default=1, help="past turns shown in the prompt")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train" and args.quiet:
@@ -38,6 +46,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"horizonrl: config error:\n{error}", file=sys.stderr)
             return 2
         print(f"run folder: {run_dir}")
+    elif args.command == "envs":
+        from horizonrl.play import list_envs
+
+        print(list_envs())
+    elif args.command == "play":
+        import yaml
+
+        from horizonrl.play import play
+
+        pairs = [arg.partition("=") for arg in args.kwargs]
+        if any(not sep for _, sep, _ in pairs):
+            print("horizonrl: play takes env arguments as key=value", file=sys.stderr)
+            return 2
+        try:
+            play(args.env_id, {key: yaml.safe_load(value) for key, _, value in pairs}, args.seed, args.memory)
+        except ValueError as error:   # unknown env, bad kwargs, missing package
+            print(f"horizonrl: {error}", file=sys.stderr)
+            return 2
     return 0
 
 

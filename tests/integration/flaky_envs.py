@@ -1,0 +1,25 @@
+"""Envs that misbehave on purpose, importable by worker processes (tests of the env pool)."""
+
+import time
+
+from horizonrl.envs.river import River
+
+
+class FlakyRiver(River):
+    """River whose second step raises on `crash_seed` and hangs on `hang_seed`."""
+
+    def __init__(self, crash_seed: int = -1, hang_seed: int = -1, **kwargs):
+        super().__init__(**kwargs)
+        self.crash_seed, self.hang_seed = crash_seed, hang_seed
+        self.seed = None
+
+    def reset(self, seed: int):
+        self.seed = seed
+        return super().reset(seed)
+
+    def step(self, action: str):
+        if self.steps == 1 and self.seed == self.crash_seed:
+            raise RuntimeError("simulator exploded")
+        if self.steps == 1 and self.seed == self.hang_seed:
+            time.sleep(600)
+        return super().step(action)

@@ -1,0 +1,44 @@
+"""`horizonrl play` and `horizonrl envs`: what a person sees is what the agent sees."""
+
+import subprocess
+import sys
+
+from horizonrl import envs
+from horizonrl.agents.prompt import build_messages, system_prompt
+from horizonrl.play import play, render
+
+
+def scripted(replies):
+    replies = iter(replies)
+    return lambda prompt: next(replies)
+
+
+def test_play_shows_the_agent_messages_and_runs_the_agents_action_parsing():
+    shown = []
+    env = envs.make("river", stones=2)
+    first_observation, _ = env.reset(3)
+    right_side = "jump left" if first_observation.endswith("left.") else "jump right"
+    episode_return = play("river", {"stones": 2}, seed=3, ask=scripted(["THINK: hm\nACTION: Wait.", right_side, "fly", ""]),
+                          show=shown.append)
+    assert shown[0] == render(build_messages(system_prompt(env.instruction), [], first_observation, 1))
+    assert ">>> executed 'wait'; reward 0" in shown[1]                   # normalised: "Wait." -> wait
+    assert "Previous plan:\nTHINK: hm\nACTION: wait" in shown[2]         # history holds the executed action
+    assert "(invalid: 'fly', ran the default action); reward -0.1" in shown[5]
+    assert shown[-1] == "stopped." and episode_return == -0.1
+
+
+def test_play_reports_the_end_of_an_episode():
+    shown = []
+    env = envs.make("river", stones=1)
+    observation, _ = env.reset(0)
+    action = "jump left" if observation.endswith("left.") else "jump right"
+    assert play("river", {"stones": 1}, seed=0, ask=scripted([action]), show=shown.append) == 1.0
+    assert "episode over: success, return 1, progress 1" in shown[-1]
+
+
+def test_envs_command_lists_every_env_and_play_rejects_an_unknown_one():
+    listed = subprocess.run([sys.executable, "-m", "horizonrl", "envs"], capture_output=True, text=True, check=True)
+    for env_id in envs.REGISTRY:
+        assert env_id in listed.stdout
+    bad = subprocess.run([sys.executable, "-m", "horizonrl", "play", "nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown env 'nope'" in bad.stderr and "Traceback" not in bad.stderr
