@@ -73,10 +73,13 @@ def factory(env_id: str) -> Callable[..., TextEnv]:
         return entry.factory
     module, _, name = entry.factory.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
+        imported = importlib.import_module(module)
     except ImportError as error:
         hint = f": pip install 'horizonrl[{entry.extra}]'" if entry.extra else ""
         raise ValueError(f"env {env_id!r} needs a package that is not installed ({error}){hint}") from None
+    if not hasattr(imported, name):
+        raise ValueError(f"env {env_id!r}: module {module} has no {name}")
+    return getattr(imported, name)
 
 
 def check_kwargs(env_id: str, kwargs: dict) -> None:

@@ -28,21 +28,27 @@ from horizonrl.samples.per_turn import per_turn
 log = logging.getLogger(__name__)
 
 
-def env_corpus(env: TextEnv, episodes: int = 64, seed: int = 0) -> list[str]:
-    """Text the agent will read and write in `env`: instruction, observations under random play,
-    prompt scaffolding and format-correct responses."""
+def env_corpus(env: TextEnv, episodes: int = 64, max_steps: int = 2000, seed: int = 0) -> list[str]:
+    """Text the agent will read and write in `env`: instructions, observations under random play
+    (at most `episodes` episodes and `max_steps` steps in all), prompt scaffolding and format-correct
+    responses."""
     rng = random.Random(seed)
     texts = [system_prompt(env.instruction), RESPONSE_FORMAT, "system user assistant",
              "Observation:\nPrevious plan:\nCurrent Observation:\n"]
+    steps = 0
     for episode in range(episodes):
         observation, _ = env.reset(seed * 100_003 + episode)
+        if system_prompt(env.instruction) not in texts:     # missions that change with the episode
+            texts.append(system_prompt(env.instruction))
         done = False
-        while not done:
+        while not done and steps < max_steps:
             action = rng.choice(env.actions)
             texts += [observation, plan_text(restate(observation), action)]
             observation, _, terminated, truncated, _ = env.step(action)
-            done = terminated or truncated
+            done, steps = terminated or truncated, steps + 1
         texts.append(observation)
+        if steps >= max_steps:
+            break
     return texts
 
 
