@@ -21,7 +21,7 @@ def test_the_walkthrough_wins_through_the_wrapper(kind, game_dir):
     obs, info = env.reset(0)
     assert obs.startswith("-= ") and "$$" not in obs and env.objective and env.objective not in obs
     assert env.default_action in env.actions and set(env.instruction.actions) == set(env.actions)
-    assert env.instruction.mission == env.objective and env.walkthrough
+    assert env.objective.rstrip(".!") in env.instruction.mission and env.walkthrough
     total = 0.0
     for command in env.walkthrough[:-1]:
         assert command in env.actions, (command, env.actions)

@@ -30,7 +30,8 @@ class HistoryEntry:
 
 
 def system_prompt(instruction: Instruction) -> str:
-    actions = ", ".join(f"{name}: {description}" for name, description in instruction.actions.items())
+    actions = ", ".join(f"{name}: {description}" if description else name
+                        for name, description in instruction.actions.items())
     tips = "; ".join(instruction.tips) if instruction.tips else "none"
     return (
         f"{instruction.intro}.\n"

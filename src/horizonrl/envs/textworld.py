@@ -119,7 +119,7 @@ class TextWorldEnv:
     def instruction(self) -> Instruction:
         return Instruction(
             intro="You are an agent playing a text adventure game",
-            mission=self.objective or "win the game",
+            mission=f"win the game. Its objective: {self.objective.rstrip('.!')}" if self.objective else "win the game",
             actions={command: "" for command in self.actions},
             tips=["the listed actions are the commands the game understands right now; they change as you play",
                   "'look' describes where you are and 'inventory' lists what you carry",
