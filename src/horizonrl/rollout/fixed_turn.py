@@ -16,54 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from dataclasses import dataclass, field
 
 from horizonrl.agents.agent import Agent
-from horizonrl.agents.prompt import HistoryEntry
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
-from horizonrl.records import Episode, Turn
+from horizonrl.records import Episode
+from horizonrl.rollout.stream import EnvStream, close_on_error, play_turn
 
 log = logging.getLogger(__name__)
-MAX_RESET_ATTEMPTS = 3
-
-
-@dataclass
-class EnvStream:
-    """One env and the episode running in it."""
-
-    index: int
-    env: object                          # an async env handle from horizonrl.envs.pool
-    task: str
-    next_seed: int
-    seed_stride: int
-    history: list[HistoryEntry] = field(default_factory=list)
-    observation: str | None = None       # None: the stream must reset before its next turn
-    episode_id: str = ""
-    seed: int = -1
-    episode_return: float = 0.0
-    episode_length: int = 0
-    invalid_actions: int = 0
-
-    async def reset(self) -> list[str]:
-        """Start the next episode (a failing seed is skipped); returns the errors met on the way."""
-        errors = []
-        while True:
-            self.seed = self.next_seed
-            self.next_seed += self.seed_stride
-            try:
-                self.observation, _ = await self.env.reset(self.seed)
-                break
-            except EnvError as error:
-                errors.append(str(error))
-                if len(errors) == MAX_RESET_ATTEMPTS:
-                    raise RuntimeError(f"{self.task}: reset failed {len(errors)} times in a row:\n"
-                                       + "\n".join(errors)) from None
-        self.history = []
-        self.episode_id = f"{self.task}/seed{self.seed}"
-        self.episode_return, self.episode_length, self.invalid_actions = 0.0, 0, 0
-        return errors
 
 
 class FixedTurnCollector:
@@ -94,7 +54,7 @@ class FixedTurnCollector:
             if episode is None:
                 episode = Episode(stream.episode_id, stream.task, stream.seed)
             try:
-                turn, next_observation = await self._turn(stream)
+                turn, next_observation = await play_turn(stream, self.agent, self.engine, self.params)
             except EnvError as error:
                 self._recovered([str(error)])
                 if episode.turns:
@@ -108,11 +68,7 @@ class FixedTurnCollector:
                 if not turn.terminated:
                     episode.bootstrap_prompt_ids = self.agent.prompt_ids(stream.env, stream.history,
                                                                          next_observation)
-                episode.metrics = {
-                    "return": stream.episode_return, "length": stream.episode_length,
-                    "success": float(bool(turn.info.get("success", turn.terminated and turn.reward > 0))),
-                    "invalid_actions": stream.invalid_actions,
-                }
+                episode.metrics = stream.outcome(turn)
                 fragments.append(episode)
                 episode, stream.observation = None, None
             else:
@@ -127,33 +83,3 @@ class FixedTurnCollector:
             log.warning("env error, recovered: %s", error)
         self.errors.extend(errors)
 
-    async def _turn(self, stream: EnvStream) -> tuple[Turn, str]:
-        """Prompt, sample, parse, step: one Turn and the observation after it."""
-        prompt_ids = self.agent.prompt_ids(stream.env, stream.history, stream.observation)
-        started = time.perf_counter()
-        generation = await self.engine.generate(prompt_ids, self.params)
-        generate_s = time.perf_counter() - started
-        decision, plan = self.agent.decide(stream.env, generation.token_ids)
-        observation, reward, terminated, truncated, info = await stream.env.step(decision.action)
-        if not decision.valid:
-            reward += self.agent.invalid_penalty
-            stream.invalid_actions += 1
-        stream.history.append(HistoryEntry(stream.observation, plan))
-        stream.episode_return += reward
-        stream.episode_length += 1
-        info = dict(info, generate_s=generate_s, finish_reason=generation.finish_reason)
-        if not decision.valid:
-            info["invalid_output"] = decision.raw_action if decision.raw_action is not None else "<no ACTION:>"
-        turn = Turn(prompt_ids, generation.token_ids, generation.logprobs, reward, terminated, truncated,
-                    decision.action, decision.valid, info)
-        return turn, observation
-
-
-def close_on_error(episode: Episode, error: str, bootstrap_prompt_ids: list[int]) -> None:
-    """End `episode` as truncated after its last completed turn (bootstrapped from the state the
-    failed call started from); its metrics carry the error, so it is not counted as a failure."""
-    last = episode.turns[-1]
-    last.truncated = True
-    last.info["error"] = error
-    episode.bootstrap_prompt_ids = bootstrap_prompt_ids
-    episode.metrics = {"error": error}

@@ -1,0 +1,98 @@
+"""Episode-group collector (GRPO and friends): `n_tasks` tasks x `group_size` whole episodes.
+
+A task is an env seed; its `group_size` rollouts all start from that seed and share a `group_id`, so
+a group estimator can compare them. Each episode runs until the env ends it or `max_turns` turns have
+been played (its last turn is then marked truncated). Rollouts run concurrently, each on an env
+handle taken from a free list, so `len(envs)` bounds how many are in flight. An env error closes that
+episode as in the fixed-turn collector (its metrics carry the error; estimators leave it out).
+
+The outcome reward of an episode is `reward_fn(episode)`, which sees the whole Episode — every turn,
+its info and tool results (as ms-swift's reward functions see multi-turn infos); by default the
+episode's return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Callable
+
+from horizonrl.agents.agent import Agent
+from horizonrl.engines.base import Engine, SamplingParams
+from horizonrl.envs.pool import EnvError
+from horizonrl.records import Episode
+from horizonrl.rollout.stream import EnvStream, close_on_error, play_turn
+
+log = logging.getLogger(__name__)
+RewardFn = Callable[[Episode], float]
+
+
+def episode_return(episode: Episode) -> float:
+    return sum(turn.reward for turn in episode.turns)
+
+
+def load_reward_fn(path: str | None) -> RewardFn:
+    """"module:function" -> the function; None -> the episode return."""
+    if path is None:
+        return episode_return
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"reward function {path!r} cannot be loaded: {error}") from None
+
+
+class EpisodeGroupCollector:
+    def __init__(self, envs: list, task: str, agent: Agent, engine: Engine, params: SamplingParams,
+                 group_size: int, max_turns: int, reward_fn: RewardFn = episode_return, seed: int = 0):
+        """`envs`: async env handles (horizonrl.envs.pool); rollouts share them."""
+        self.envs, self.task, self.agent, self.engine, self.params = envs, task, agent, engine, params
+        self.group_size, self.max_turns, self.reward_fn = group_size, max_turns, reward_fn
+        self.next_seed = seed * 1_000_003
+        self.errors: list[str] = []
+
+    def collect(self, n_tasks: int) -> list[Episode]:
+        """`n_tasks * group_size` finished episodes, grouped: task by task, rollout by rollout."""
+        self.errors = []
+        seeds = list(range(self.next_seed, self.next_seed + n_tasks))
+        self.next_seed += n_tasks
+        return asyncio.run(self._collect(seeds))
+
+    async def _collect(self, seeds: list[int]) -> list[Episode]:
+        free: asyncio.Queue = asyncio.Queue()
+        for env in self.envs:
+            free.put_nowait(env)
+        jobs = [self._rollout(free, seed, k) for seed in seeds for k in range(self.group_size)]
+        return list(await asyncio.gather(*jobs))
+
+    async def _rollout(self, free: asyncio.Queue, seed: int, k: int) -> Episode:
+        env = await free.get()
+        try:
+            return await self._play(EnvStream(k, env, self.task, next_seed=seed, seed_stride=0), seed)
+        finally:
+            free.put_nowait(env)
+
+    async def _play(self, stream: EnvStream, seed: int) -> Episode:
+        self.errors.extend(await stream.reset())
+        episode = Episode(f"{stream.episode_id}/rollout{stream.index}", self.task, seed,
+                          group_id=f"{self.task}/seed{seed}")
+        while True:
+            try:
+                turn, observation = await play_turn(stream, self.agent, self.engine, self.params)
+            except EnvError as error:
+                log.warning("env error, recovered: %s", error)
+                self.errors.append(str(error))
+                if episode.turns:
+                    close_on_error(episode, str(error), [])
+                else:
+                    episode.metrics = {"error": str(error)}
+                return episode
+            episode.turns.append(turn)
+            if len(episode.turns) == self.max_turns and not turn.terminated:
+                turn.truncated = True
+            if turn.terminated or turn.truncated:
+                episode.metrics = stream.outcome(turn)
+                episode.outcome_reward = float(self.reward_fn(episode))
+                return episode
+            stream.observation = observation

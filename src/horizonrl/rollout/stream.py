@@ -1,0 +1,95 @@
+"""An env stream (one env handle and the episode running in it) and one agent turn on it.
+
+Shared by the collectors: the fixed-turn collector keeps streams across iterations; the episode-group
+collector runs one stream per rollout from a fixed seed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from horizonrl.agents.agent import Agent
+from horizonrl.agents.prompt import HistoryEntry
+from horizonrl.engines.base import Engine, SamplingParams
+from horizonrl.envs.pool import EnvError
+from horizonrl.records import Episode, Turn
+
+MAX_RESET_ATTEMPTS = 3
+
+
+@dataclass
+class EnvStream:
+    """One env and the episode running in it."""
+
+    index: int
+    env: object                          # an async env handle from horizonrl.envs.pool
+    task: str
+    next_seed: int
+    seed_stride: int
+    history: list[HistoryEntry] = field(default_factory=list)
+    observation: str | None = None       # None: the stream must reset before its next turn
+    episode_id: str = ""
+    seed: int = -1
+    episode_return: float = 0.0
+    episode_length: int = 0
+    invalid_actions: int = 0
+
+    async def reset(self) -> list[str]:
+        """Start the next episode (a failing seed is skipped); returns the errors met on the way."""
+        errors = []
+        while True:
+            self.seed = self.next_seed
+            self.next_seed += self.seed_stride
+            try:
+                self.observation, _ = await self.env.reset(self.seed)
+                break
+            except EnvError as error:
+                errors.append(str(error))
+                if len(errors) == MAX_RESET_ATTEMPTS:
+                    raise RuntimeError(f"{self.task}: reset failed {len(errors)} times in a row:\n"
+                                       + "\n".join(errors)) from None
+        self.history = []
+        self.episode_id = f"{self.task}/seed{self.seed}"
+        self.episode_return, self.episode_length, self.invalid_actions = 0.0, 0, 0
+        return errors
+
+    def outcome(self, last: Turn) -> dict:
+        """The metrics of the episode that `last` ended."""
+        return {
+            "return": self.episode_return, "length": self.episode_length,
+            "success": float(bool(last.info.get("success", last.terminated and last.reward > 0))),
+            "invalid_actions": self.invalid_actions,
+        }
+
+
+async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: SamplingParams) -> tuple[Turn, str]:
+    """Prompt, sample, parse, step: one Turn and the observation after it."""
+    prompt_ids = agent.prompt_ids(stream.env, stream.history, stream.observation)
+    started = time.perf_counter()
+    generation = await engine.generate(prompt_ids, params)
+    generate_s = time.perf_counter() - started
+    decision, plan = agent.decide(stream.env, generation.token_ids)
+    observation, reward, terminated, truncated, info = await stream.env.step(decision.action)
+    if not decision.valid:
+        reward += agent.invalid_penalty
+        stream.invalid_actions += 1
+    stream.history.append(HistoryEntry(stream.observation, plan))
+    stream.episode_return += reward
+    stream.episode_length += 1
+    info = dict(info, generate_s=generate_s, finish_reason=generation.finish_reason)
+    if not decision.valid:
+        info["invalid_output"] = decision.raw_action if decision.raw_action is not None else "<no ACTION:>"
+    turn = Turn(prompt_ids, generation.token_ids, generation.logprobs, reward, terminated, truncated,
+                decision.action, decision.valid, info)
+    return turn, observation
+
+
+def close_on_error(episode: Episode, error: str, bootstrap_prompt_ids: list[int]) -> None:
+    """End `episode` as truncated after its last completed turn (bootstrapped from the state the
+    failed call started from); its metrics carry the error, so it is not counted as a failure."""
+    last = episode.turns[-1]
+    last.truncated = True
+    last.info["error"] = error
+    episode.bootstrap_prompt_ids = bootstrap_prompt_ids
+    episode.metrics = {"error": error}
