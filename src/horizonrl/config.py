@@ -113,6 +113,15 @@ class PPOConfig(Section):
     warmup_iters: int = Field(5, ge=0, description="critic-only passes over the warmup batches")
 
 
+class GroupConfig(Section):
+    """Episode groups for the critic-free estimators (algorithm != ppo)."""
+
+    n_tasks: int = Field(8, gt=0, description="tasks (env seeds) per batch")
+    group_size: int = Field(8, gt=1, description="rollouts per task")
+    max_turns: int = Field(32, gt=0, description="turns after which an episode is truncated")
+    reward_fn: str | None = Field(None, description='"module:function" taking an Episode; None: its return')
+
+
 class TrainConfig(Section):
     name: str = "toy"
     seed: int = 0
@@ -124,6 +133,8 @@ class TrainConfig(Section):
     agent: AgentConfig = AgentConfig()
     rollout: RolloutConfig = RolloutConfig()
     ppo: PPOConfig = PPOConfig()
+    algorithm: Literal["ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp"] = "ppo"
+    group: GroupConfig = GroupConfig()
 
     @model_validator(mode="after")
     def _batch_divides(self) -> TrainConfig:

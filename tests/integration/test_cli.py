@@ -64,3 +64,16 @@ def test_console_script_reports_config_errors_without_traceback(args, message):
     result = subprocess.run([sys.executable, "-m", "horizonrl", "train", *args], capture_output=True, text=True)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
+def test_group_algorithms_train_on_episode_groups(tmp_path, algorithm):
+    assert main(["train", "iterations=1", f"algorithm={algorithm}", "group.n_tasks=2", "group.group_size=2",
+                 "group.max_turns=4", "model.warm_start.steps=20", "model.warm_start.iterations=1",
+                 "rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_size=8", "ppo.micro_batch_size=8",
+                 f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    (record,) = read_metrics(run_dir / "metrics.jsonl")
+    assert record["phase"] == algorithm and record["env/episodes"] == 4
+    assert "train/actor/pg_loss" in record and "train/critic/value_loss" not in record
+    assert not (run_dir / "checkpoint" / "critic.safetensors").exists()

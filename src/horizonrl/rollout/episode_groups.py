@@ -84,7 +84,8 @@ class EpisodeGroupCollector:
                 log.warning("env error, recovered: %s", error)
                 self.errors.append(str(error))
                 if episode.turns:
-                    close_on_error(episode, str(error), [])
+                    close_on_error(episode, str(error), self.agent.prompt_ids(stream.env, stream.history,
+                                                                              stream.observation))
                 else:
                     episode.metrics = {"error": str(error)}
                 return episode
@@ -92,6 +93,8 @@ class EpisodeGroupCollector:
             if len(episode.turns) == self.max_turns and not turn.terminated:
                 turn.truncated = True
             if turn.terminated or turn.truncated:
+                if not turn.terminated:    # s_{T+1}, as the data contract asks of every unfinished episode
+                    episode.bootstrap_prompt_ids = self.agent.prompt_ids(stream.env, stream.history, observation)
                 episode.metrics = stream.outcome(turn)
                 episode.outcome_reward = float(self.reward_fn(episode))
                 return episode

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from horizonrl.algos.advantages import dual_discount_gae, whiten
+from horizonrl.algos.group import broadcast_to_tokens, group_advantages
 from horizonrl.algos.kl import kl_estimate, kl_in_reward
 from horizonrl.algos.losses import explained_variance
 from horizonrl.config import PPOConfig
@@ -35,11 +36,12 @@ class PPOBatch:
 
 def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, micro_batch_size: int,
             temperature: float, device) -> PPOBatch:
-    """Per-turn rows of `episodes`, scored by the actor, the reference and the critic."""
+    """Per-turn rows of `episodes`, scored by the actor, the reference and the critic (None: no values)."""
     samples = per_turn(episodes)
     data = row_tensors(samples, pad_id, device)
     data.update(score(data, micro_batch_size, temperature, actor=actor, reference=reference, critic=critic))
-    bootstrap = prompt_values(critic, samples.bootstrap_prompts, pad_id, micro_batch_size, device)
+    bootstrap = (prompt_values(critic, samples.bootstrap_prompts, pad_id, micro_batch_size, device)
+                 if critic is not None else torch.zeros(0, device=device))
     return PPOBatch(episodes, samples, TurnIndex.of(samples, device), data, bootstrap)
 
 
@@ -76,6 +78,24 @@ def estimate_advantages(batch: PPOBatch, ppo: PPOConfig) -> None:
     data["returns"] = index.to_rows(returns, shape)
 
 
+def group_advantages_to_tokens(batch: PPOBatch, estimator: str) -> None:
+    """Outcome advantages of whole episodes (`group_advantages` over their `outcome_reward`, grouped by
+    `group_id`), broadcast over every sampled token of each episode's rows, stored in `data`."""
+    device = batch.data["loss_mask"].device
+    groups = {g: i for i, g in enumerate(dict.fromkeys(e.group_id for e in batch.episodes))}
+    rewards = torch.tensor([e.outcome_reward for e in batch.episodes], dtype=torch.float32, device=device)
+    group_index = torch.tensor([groups[e.group_id] for e in batch.episodes], device=device)
+    advantages = group_advantages(rewards, group_index, estimator)
+    row_episode = torch.zeros(len(batch.samples.input_ids), dtype=torch.long, device=device)
+    segment = 0
+    for episode_index, episode in enumerate(batch.episodes):       # segments are in episode order
+        for _ in episode.turns:
+            row_episode[batch.samples.segments[segment].row] = episode_index
+            segment += 1
+    batch.data["advantages"] = broadcast_to_tokens(advantages, row_episode, batch.data["loss_mask"])
+    batch.data["returns"] = broadcast_to_tokens(rewards, row_episode, batch.data["loss_mask"])
+
+
 def batch_metrics(batch: PPOBatch) -> dict[str, float]:
     """Data, KL, critic-fit and sampler-consistency statistics of a prepared batch."""
     data = batch.data
@@ -87,8 +107,9 @@ def batch_metrics(batch: PPOBatch) -> dict[str, float]:
         "data/bootstrap_prompts": len(batch.samples.bootstrap_prompts),
         "train/kl_ref": float((kl_estimate(data["logp_old"], data["logp_ref"], "k3") * mask).sum()) / n,
         "train/returns_mean": float((data["returns"] * mask).sum()) / n,
-        "train/critic/explained_variance": explained_variance(data["values_old"], data["returns"], mask),
     }
+    if "values_old" in data:
+        metrics["train/critic/explained_variance"] = explained_variance(data["values_old"], data["returns"], mask)
     turns = [t for e in batch.episodes for t in e.turns]
     if turns and all(t.response_logprobs is not None for t in turns):
         engine = torch.tensor([lp for t in turns for lp in t.response_logprobs], device=mask.device)

@@ -1,4 +1,5 @@
-"""The training loop: PPO with dual-discount GAE, critic warmup and fixed-turn batching.
+"""The training loop: PPO with dual-discount GAE, critic warmup and fixed-turn batching
+(or, with `algorithm` grpo / dr_grpo / rloo / reinforce_pp, train/group_loop.py on episode groups).
 
     collect n_env x e_len turns  ->  per-turn rows  ->  score (logp_old, logp_ref, V)
     ->  token rewards (env reward on the last token, -beta * KL on every token)
@@ -28,6 +29,7 @@ from horizonrl.report.metrics import MetricsLog, episode_metrics
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.train.batch import batch_metrics, estimate_advantages, prepare
 from horizonrl.train.checkpoint import save_checkpoint
+from horizonrl.train.group_loop import group_iterations
 from horizonrl.train.warmup import critic_warmup
 
 
@@ -59,22 +61,28 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     if cfg.model.path is None:
         save_checkpoint(run_dir / "init", actor, tokenizer)
     actor.eval()  # dropout off: the sampler and the learner compute the same function
-    critic = ValueModel.from_policy(actor).eval()
     reference = frozen_copy(actor)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=ppo.actor_lr, weight_decay=ppo.weight_decay)
-    critic_opt = torch.optim.AdamW(critic.parameters(), lr=ppo.critic_lr, weight_decay=ppo.weight_decay)
     actor_loss = actor_loss_fn(actor, ppo.clip_low, ppo.clip_high, ppo.dual_clip, ppo.entropy_coef, ppo.loss_agg,
                                rollout.temperature)
-    critic_loss = critic_loss_fn(critic, ppo.value_clip, ppo.first_token_weight)
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
     # Rollout: the engine samples from the actor itself (shared weights, nothing to copy in-process).
     engine = HFEngine(actor, pad_id, rollout.max_batch_size, cfg.seed, autocast_dtype(device))
     agent = Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations)
     params = SamplingParams(rollout.max_tokens, rollout.temperature, rollout.top_p, stop_ids(tokenizer, actor))
-    collector = FixedTurnCollector(envs, cfg.env.id, agent, engine, params, rollout.e_len, cfg.seed)
     metrics_log = MetricsLog(run_dir / "metrics.jsonl")
+    if cfg.algorithm != "ppo":
+        group_iterations(cfg, envs, agent, engine, params, actor, reference, actor_opt, actor_loss, pad_id, shuffle,
+                         metrics_log, device, progress)
+        save_checkpoint(run_dir / "checkpoint", actor, tokenizer)
+        return run_dir
+
+    critic = ValueModel.from_policy(actor).eval()
+    critic_opt = torch.optim.AdamW(critic.parameters(), lr=ppo.critic_lr, weight_decay=ppo.weight_decay)
+    critic_loss = critic_loss_fn(critic, ppo.value_clip, ppo.first_token_weight)
+    collector = FixedTurnCollector(envs, cfg.env.id, agent, engine, params, rollout.e_len, cfg.seed)
 
     def collect_and_score():
         started = time.perf_counter()

@@ -1,0 +1,54 @@
+"""Critic-free training on episode groups: GRPO, Dr.GRPO, RLOO, REINFORCE++.
+
+    collect n_tasks x group_size whole episodes  ->  outcome reward per episode (reward_fn)
+    ->  per-turn rows scored by the actor (logp_old)  ->  group advantage, broadcast over every
+    sampled token of the episode  ->  PPO-clipped actor update  ->  sync weights to the engine
+
+Episodes closed by an env error are left out of their group. There is no KL-in-reward term here
+(there is no per-token reward to put it in); `train/kl_ref` is logged.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tqdm import tqdm
+
+from horizonrl.config import TrainConfig
+from horizonrl.learner.update import Stats, minibatch_updates
+from horizonrl.report.metrics import MetricsLog, episode_metrics
+from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
+from horizonrl.train.batch import batch_metrics, group_advantages_to_tokens, prepare
+
+
+def group_iterations(cfg: TrainConfig, envs: list, agent, engine, params, actor, reference, actor_opt, actor_loss,
+                     pad_id: int, shuffle, metrics_log: MetricsLog, device, progress: bool) -> None:
+    ppo, group = cfg.ppo, cfg.group
+    collector = EpisodeGroupCollector(envs, cfg.env.id, agent, engine, params, group.group_size, group.max_turns,
+                                      load_reward_fn(group.reward_fn), cfg.seed)
+    bar = tqdm(range(1, cfg.iterations + 1), desc=cfg.name, disable=not progress, dynamic_ncols=True)
+    for iteration in bar:
+        started = time.perf_counter()
+        episodes = collector.collect(group.n_tasks)
+        rollout_s = time.perf_counter() - started
+        kept = [e for e in episodes if "error" not in e.metrics]
+        batch = prepare(kept, actor, reference, None, pad_id, ppo.micro_batch_size, cfg.rollout.temperature, device)
+        group_advantages_to_tokens(batch, cfg.algorithm)
+        score_s = time.perf_counter() - started - rollout_s
+
+        started = time.perf_counter()
+        actor_stats = Stats()
+        minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_size, ppo.epochs, shuffle,
+                          [(actor_opt, actor_loss, ppo.grad_clip, actor_stats)])
+        engine.sync_weights(actor)
+        update_s = time.perf_counter() - started
+
+        generated = sum(len(t.response_ids) for e in kept for t in e.turns)
+        record = {"iteration": iteration, "phase": cfg.algorithm, "env/errors": len(collector.errors),
+                  **episode_metrics(episodes), **actor_stats.means("train/actor/"), **batch_metrics(batch),
+                  "train/outcome_reward_mean": sum(e.outcome_reward for e in kept) / max(len(kept), 1),
+                  "perf/rollout_tokens_per_s": generated / rollout_s,
+                  "perf/train_tokens_per_s": float(batch.data["attention_mask"].sum()) / (score_s + update_s),
+                  "timing/rollout_s": rollout_s, "timing/score_s": score_s, "timing/update_s": update_s}
+        metrics_log.write(record)
+        bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
