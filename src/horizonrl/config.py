@@ -113,6 +113,14 @@ class PPOConfig(Section):
     warmup_iters: int = Field(5, ge=0, description="critic-only passes over the warmup batches")
 
 
+class MergeConfig(Section):
+    """Limits and diagnostics of prefix-merged rows (samples = merged)."""
+
+    max_prompt_len: int | None = Field(None, gt=0, description="the first prompt of a row")
+    max_response_len: int | None = Field(None, gt=0, description="everything after it; longer -> a new row")
+    debug: bool = Field(False, description="write every prefix mismatch to merge_mismatches.jsonl in the run folder")
+
+
 class GroupConfig(Section):
     """Episode groups for the critic-free estimators (algorithm != ppo)."""
 
@@ -134,6 +142,14 @@ class TrainConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     ppo: PPOConfig = PPOConfig()
     algorithm: Literal["ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp"] = "ppo"
+    samples: Literal["per_turn", "merged"] = "per_turn"
+    merge: MergeConfig = MergeConfig()
+
+    def sample_options(self, run_dir: Path) -> dict:
+        """The keyword arguments of train.batch.prepare that choose per-turn or merged rows."""
+        if self.samples == "per_turn":
+            return {}
+        return {"merge": self.merge, "mismatch_log": run_dir / "merge_mismatches.jsonl" if self.merge.debug else None}
     group: GroupConfig = GroupConfig()
 
     @model_validator(mode="after")

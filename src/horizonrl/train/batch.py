@@ -10,6 +10,7 @@ Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -18,9 +19,10 @@ from horizonrl.algos.advantages import dual_discount_gae, whiten
 from horizonrl.algos.group import broadcast_to_tokens, group_advantages
 from horizonrl.algos.kl import kl_estimate, kl_in_reward
 from horizonrl.algos.losses import explained_variance
-from horizonrl.config import PPOConfig
+from horizonrl.config import MergeConfig, PPOConfig
 from horizonrl.learner.scoring import prompt_values, score
 from horizonrl.records import Episode, SampleBatch
+from horizonrl.samples.merge import MergeReport, merge_turns, write_mismatches
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.samples.tensors import TurnIndex, row_tensors
 
@@ -32,17 +34,30 @@ class PPOBatch:
     index: TurnIndex
     data: dict[str, Tensor]
     bootstrap_values: Tensor
+    merge_report: MergeReport | None = None
+
+
+def build_samples(episodes: list[Episode], merge: MergeConfig | None, tokenizer=None
+                  ) -> tuple[SampleBatch, MergeReport | None]:
+    """Per-turn rows (merge None), or prefix-merged rows and the report of what merged and why not."""
+    if merge is None:
+        return per_turn(episodes), None
+    return merge_turns(episodes, merge.max_prompt_len, merge.max_response_len, tokenizer)
 
 
 def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, micro_batch_size: int,
-            temperature: float, device) -> PPOBatch:
-    """Per-turn rows of `episodes`, scored by the actor, the reference and the critic (None: no values)."""
-    samples = per_turn(episodes)
+            temperature: float, device, merge: MergeConfig | None = None, tokenizer=None,
+            mismatch_log: Path | None = None) -> PPOBatch:
+    """Rows of `episodes` (see build_samples), scored by the actor, the reference and the critic
+    (None: no values). With `mismatch_log`, every prefix mismatch is appended to it as a JSON line."""
+    samples, merge_report = build_samples(episodes, merge, tokenizer)
+    if merge_report is not None and mismatch_log is not None:
+        write_mismatches(merge_report, mismatch_log)
     data = row_tensors(samples, pad_id, device)
     data.update(score(data, micro_batch_size, temperature, actor=actor, reference=reference, critic=critic))
     bootstrap = (prompt_values(critic, samples.bootstrap_prompts, pad_id, micro_batch_size, device)
                  if critic is not None else torch.zeros(0, device=device))
-    return PPOBatch(episodes, samples, TurnIndex.of(samples, device), data, bootstrap)
+    return PPOBatch(episodes, samples, TurnIndex.of(samples, device), data, bootstrap, merge_report)
 
 
 def refresh_values(batch: PPOBatch, critic, pad_id: int, micro_batch_size: int) -> None:
@@ -108,6 +123,8 @@ def batch_metrics(batch: PPOBatch) -> dict[str, float]:
         "train/kl_ref": float((kl_estimate(data["logp_old"], data["logp_ref"], "k3") * mask).sum()) / n,
         "train/returns_mean": float((data["returns"] * mask).sum()) / n,
     }
+    if batch.merge_report is not None:
+        metrics.update(batch.merge_report.as_metrics())
     if "values_old" in data:
         metrics["train/critic/explained_variance"] = explained_variance(data["values_old"], data["returns"], mask)
     turns = [t for e in batch.episodes for t in e.turns]

@@ -11,6 +11,7 @@ Episodes closed by an env error are left out of their group. There is no KL-in-r
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -22,7 +23,8 @@ from horizonrl.train.batch import batch_metrics, group_advantages_to_tokens, pre
 
 
 def group_iterations(cfg: TrainConfig, envs: list, agent, engine, params, actor, reference, actor_opt, actor_loss,
-                     pad_id: int, shuffle, metrics_log: MetricsLog, device, progress: bool) -> None:
+                     pad_id: int, shuffle, metrics_log: MetricsLog, device, progress: bool, tokenizer,
+                     run_dir: Path) -> None:
     ppo, group = cfg.ppo, cfg.group
     collector = EpisodeGroupCollector(envs, cfg.env.id, agent, engine, params, group.group_size, group.max_turns,
                                       load_reward_fn(group.reward_fn), cfg.seed)
@@ -32,7 +34,8 @@ def group_iterations(cfg: TrainConfig, envs: list, agent, engine, params, actor,
         episodes = collector.collect(group.n_tasks)
         rollout_s = time.perf_counter() - started
         kept = [e for e in episodes if "error" not in e.metrics]
-        batch = prepare(kept, actor, reference, None, pad_id, ppo.micro_batch_size, cfg.rollout.temperature, device)
+        batch = prepare(kept, actor, reference, None, pad_id, ppo.micro_batch_size, cfg.rollout.temperature, device,
+                        tokenizer=tokenizer, **cfg.sample_options(run_dir))
         group_advantages_to_tokens(batch, cfg.algorithm)
         score_s = time.perf_counter() - started - rollout_s
 

@@ -75,7 +75,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     metrics_log = MetricsLog(run_dir / "metrics.jsonl")
     if cfg.algorithm != "ppo":
         group_iterations(cfg, envs, agent, engine, params, actor, reference, actor_opt, actor_loss, pad_id, shuffle,
-                         metrics_log, device, progress)
+                         metrics_log, device, progress, tokenizer, run_dir)
         save_checkpoint(run_dir / "checkpoint", actor, tokenizer)
         return run_dir
 
@@ -89,7 +89,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
         episodes = collector.collect()
         rollout_s = time.perf_counter() - started
         batch = prepare(episodes, actor, reference, critic, pad_id, ppo.micro_batch_size, rollout.temperature,
-                        device)
+                        device, tokenizer=tokenizer, **cfg.sample_options(run_dir))
         return batch, rollout_s, time.perf_counter() - started - rollout_s
 
     if ppo.warmup_batches and ppo.warmup_iters:
