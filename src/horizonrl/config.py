@@ -73,7 +73,10 @@ class EnvConfig(Section):
 
 
 class AgentConfig(Section):
-    memory: int = Field(1, ge=0, description="past turns shown in the prompt")
+    memory: int = Field(1, ge=0, description="past turns shown in the prompt (history = window)")
+    history: Literal["window", "full"] = Field(
+        "window", description="window: the last `memory` turns as messages; full: the whole conversation, "
+                              "token-exact, each observation a new user message")
     invalid_penalty: float = -0.1
     translations: dict[str, str] = {}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from horizonrl.agents.actions import Decision, decide
-from horizonrl.agents.prompt import HistoryEntry, build_messages, plan_text, system_prompt
+from horizonrl.agents.prompt import HistoryEntry, build_messages, plan_text, system_prompt, user_message
 from horizonrl.envs.base import TextEnv
 
 
@@ -22,8 +22,17 @@ class Agent:
     memory: int = 1
     invalid_penalty: float = -0.1
     translations: dict[str, str] = field(default_factory=dict)
+    history: str = "window"
 
     def prompt_ids(self, env: TextEnv, history: list[HistoryEntry], observation: str) -> list[int]:
+        """`history="window"`: the last `memory` turns rebuilt as messages (Verlog). `history="full"`:
+        the previous prompt + response ids exactly, then the observation as a new user message (the
+        new-round feedback mode), so every prompt extends the one before and turns merge into one row."""
+        if self.history == "full" and history:
+            last = history[-1]
+            return list(last.prompt_ids) + list(last.response_ids) + new_round_ids(
+                self.tokenizer, user_message(observation), closed=bool(last.response_ids)
+                and last.response_ids[-1] == self.tokenizer.eos_token_id)
         messages = build_messages(system_prompt(env.instruction), history, observation, self.memory)
         return chat_prompt_ids(self.tokenizer, messages)
 
@@ -32,6 +41,27 @@ class Agent:
         text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
         decision = decide(text, env.actions, env.default_action, {**env.translations, **self.translations})
         return decision, plan_text(decision.think, decision.action)
+
+
+def new_round_ids(tokenizer, content: str, closed: bool = True) -> list[int]:
+    """The ids the chat template puts between an assistant response (ending in EOS when `closed`)
+    and the next assistant header, through a new user message with `content`.
+
+    Derived from the template itself: render a probe conversation with and without the user message
+    and take the difference, plus whatever the template writes after the assistant's EOS (ChatML: a
+    newline). A response cut by max_tokens gets the EOS it did not sample (as an observation token).
+    """
+    probe = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}]
+    closed_text = tokenizer.apply_chat_template(probe, tokenize=False)
+    with_user = tokenizer.apply_chat_template(probe + [{"role": "user", "content": content}], tokenize=False,
+                                              add_generation_prompt=True)
+    marker = "A" + tokenizer.eos_token
+    if marker not in closed_text or not with_user.startswith(closed_text):
+        raise ValueError("the chat template does not end an assistant message with the EOS token and extend "
+                         "the conversation by appending; use agent.history=window with this tokenizer")
+    delta = closed_text.split(marker, 1)[1] + with_user[len(closed_text):]
+    eos = [] if closed else [tokenizer.eos_token_id]
+    return eos + tokenizer.encode(delta, add_special_tokens=False)
 
 
 def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:

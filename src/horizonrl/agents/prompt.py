@@ -25,8 +25,13 @@ CURRENT_OBSERVATION = "Current Observation:\n"
 
 @dataclass(frozen=True)
 class HistoryEntry:
+    """One past turn: its observation and plan (for the memory window), and its exact prompt and
+    response ids (for the full-history prompt, which extends them token for token)."""
+
     observation: str
     plan: str
+    prompt_ids: tuple[int, ...] = ()
+    response_ids: tuple[int, ...] = ()
 
 
 def system_prompt(instruction: Instruction) -> str:
@@ -65,5 +70,10 @@ def build_messages(system: str, history: list[HistoryEntry], observation: str, m
     for entry in history[-memory:] if memory > 0 else []:
         messages.append({"role": "user", "content": f"Observation:\n{entry.observation}"})
         messages.append({"role": "assistant", "content": f"Previous plan:\n{entry.plan}"})
-    messages.append({"role": "user", "content": f"{CURRENT_OBSERVATION}{observation}\n\n{RESPONSE_FORMAT}"})
+    messages.append({"role": "user", "content": user_message(observation)})
     return messages
+
+
+def user_message(observation: str) -> str:
+    """The user message of the current turn: the observation and the response format."""
+    return f"{CURRENT_OBSERVATION}{observation}\n\n{RESPONSE_FORMAT}"

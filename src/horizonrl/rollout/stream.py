@@ -74,7 +74,7 @@ async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: Sam
     if not decision.valid:
         reward += agent.invalid_penalty
         stream.invalid_actions += 1
-    stream.history.append(HistoryEntry(stream.observation, plan))
+    stream.history.append(HistoryEntry(stream.observation, plan, tuple(prompt_ids), tuple(generation.token_ids)))
     stream.episode_return += reward
     stream.episode_length += 1
     info = dict(info, generate_s=generate_s, finish_reason=generation.finish_reason)

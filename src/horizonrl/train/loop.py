@@ -70,7 +70,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
 
     # Rollout: the engine samples from the actor itself (shared weights, nothing to copy in-process).
     engine = HFEngine(actor, pad_id, rollout.max_batch_size, cfg.seed, autocast_dtype(device))
-    agent = Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations)
+    agent = Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations, cfg.agent.history)
     params = SamplingParams(rollout.max_tokens, rollout.temperature, rollout.top_p, stop_ids(tokenizer, actor))
     metrics_log = MetricsLog(run_dir / "metrics.jsonl")
     if cfg.algorithm != "ppo":

@@ -1,0 +1,51 @@
+"""agent.history=full (new-round feedback): every prompt extends the previous prompt + response ids
+exactly, so the turns of an episode merge into one row with no split, on our BPE tokenizer and on the
+exact Qwen2.5 tokenizer, with the real collector."""
+
+import pytest
+
+from horizonrl.agents.agent import Agent, new_round_ids
+from horizonrl.engines.base import SamplingParams
+from horizonrl.engines.scripted import RandomFormatEngine
+from horizonrl.envs.pool import open_envs
+from horizonrl.rollout.fixed_turn import FixedTurnCollector
+from horizonrl.samples.merge import merge_turns
+
+
+def collect_full_history(tokenizer, e_len=6):
+    handles = open_envs("river", {"stones": 3, "max_steps": 8}, 3, workers=False, timeout_s=10)
+    engine = RandomFormatEngine(tokenizer, handles[0].actions, seed=0)
+    collector = FixedTurnCollector(handles, "river", Agent(tokenizer, history="full"), engine, SamplingParams(),
+                                   e_len, seed=2)
+    return collector.collect() + collector.collect()
+
+
+@pytest.mark.parametrize("which", ["river_tiny", "qwen_tokenizer"])
+def test_full_history_episodes_merge_without_splits(which, request):
+    fixture = request.getfixturevalue(which)
+    tokenizer = fixture[0] if which == "river_tiny" else fixture
+    episodes = collect_full_history(tokenizer)
+    samples, report = merge_turns(episodes, tokenizer=tokenizer)
+    turns = sum(len(e.turns) for e in episodes)
+    assert report.turns == turns and report.rows == len(episodes) and report.merged == turns - len(episodes)
+    assert report.as_metrics()["data/merge/split_other"] == report.as_metrics()["data/merge/split_template"] == 0
+    for episode, row in zip(episodes, samples.input_ids):
+        last = episode.turns[-1]
+        assert row == last.prompt_ids + last.response_ids
+        for before, after in zip(episode.turns, episode.turns[1:]):
+            assert after.prompt_ids[: len(before.prompt_ids) + len(before.response_ids)] == (
+                before.prompt_ids + before.response_ids)
+
+
+def test_new_round_ids_are_what_the_template_writes(qwen_tokenizer):
+    tok = qwen_tokenizer
+    ids = new_round_ids(tok, "Current Observation:\nhi")
+    assert tok.decode(ids) == "\n<|im_start|>user\nCurrent Observation:\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert new_round_ids(tok, "x", closed=False)[0] == tok.eos_token_id      # a cut response gets its EOS
+    messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+    first = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    response = tok.encode("THINK: ok\nACTION: wait", add_special_tokens=False) + [tok.eos_token_id]
+    full = tok.apply_chat_template(messages + [{"role": "assistant", "content": "THINK: ok\nACTION: wait"},
+                                               {"role": "user", "content": "v"}],
+                                   add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert list(first) + response + new_round_ids(tok, "v") == list(full)
