@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from horizonrl.records import Episode, SampleBatch, Segment
+from horizonrl.samples.per_turn import check_turn
 
 SPLIT_CLASSES = ("template", "retoken", "other", "length")
 
@@ -97,16 +98,8 @@ def merge_turns(
         first_prompt_len = 0
         for k, turn in enumerate(episode.turns):
             where = f"episode {episode.episode_id} turn {k}"
-            if not turn.response_ids:
-                raise ValueError(f"{where} has an empty response")
+            bootstrap = check_turn(episode, k, bootstrap_prompts)
             last = k == len(episode.turns) - 1
-            bootstrap = -1
-            if last and not turn.terminated:
-                if episode.bootstrap_prompt_ids is None:
-                    raise ValueError(f"episode {episode.episode_id} ends without termination "
-                                     "but has no bootstrap prompt")
-                bootstrap = len(bootstrap_prompts)
-                bootstrap_prompts.append(episode.bootstrap_prompt_ids)
             report.turns += 1
 
             append = False

@@ -18,16 +18,8 @@ def per_turn(episodes: list[Episode]) -> SampleBatch:
     bootstrap_prompts: list[list[int]] = []
     for episode in episodes:
         for k, turn in enumerate(episode.turns):
-            if not turn.response_ids:
-                raise ValueError(f"episode {episode.episode_id} turn {k} has an empty response")
+            bootstrap = check_turn(episode, k, bootstrap_prompts)
             last = k == len(episode.turns) - 1
-            bootstrap = -1
-            if last and not turn.terminated:
-                if episode.bootstrap_prompt_ids is None:
-                    raise ValueError(f"episode {episode.episode_id} ends without termination "
-                                     "but has no bootstrap prompt")
-                bootstrap = len(bootstrap_prompts)
-                bootstrap_prompts.append(episode.bootstrap_prompt_ids)
             segments.append(Segment(
                 row=len(input_ids), start=len(turn.prompt_ids), length=len(turn.response_ids),
                 reward=turn.reward, episode_end=turn.terminated,
@@ -36,3 +28,17 @@ def per_turn(episodes: list[Episode]) -> SampleBatch:
             input_ids.append(turn.prompt_ids + turn.response_ids)
             loss_mask.append([0] * len(turn.prompt_ids) + [1] * len(turn.response_ids))
     return SampleBatch(input_ids, loss_mask, segments, bootstrap_prompts)
+
+
+def check_turn(episode: Episode, k: int, bootstrap_prompts: list[list[int]]) -> int:
+    """Check turn k of `episode` (a non-empty response); for the last turn of a fragment that did not
+    terminate, append the fragment's bootstrap prompt to `bootstrap_prompts`. Returns the bootstrap
+    prompt's index, or -1."""
+    if not episode.turns[k].response_ids:
+        raise ValueError(f"episode {episode.episode_id} turn {k} has an empty response")
+    if k < len(episode.turns) - 1 or episode.turns[k].terminated:
+        return -1
+    if episode.bootstrap_prompt_ids is None:
+        raise ValueError(f"episode {episode.episode_id} ends without termination but has no bootstrap prompt")
+    bootstrap_prompts.append(episode.bootstrap_prompt_ids)
+    return len(bootstrap_prompts) - 1
