@@ -147,13 +147,13 @@ class TrainConfig(Section):
     algorithm: Literal["ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp"] = "ppo"
     samples: Literal["per_turn", "merged"] = "per_turn"
     merge: MergeConfig = MergeConfig()
+    group: GroupConfig = GroupConfig()
 
     def sample_options(self, run_dir: Path) -> dict:
         """The keyword arguments of train.batch.prepare that choose per-turn or merged rows."""
         if self.samples == "per_turn":
             return {}
         return {"merge": self.merge, "mismatch_log": run_dir / "merge_mismatches.jsonl" if self.merge.debug else None}
-    group: GroupConfig = GroupConfig()
 
     @model_validator(mode="after")
     def _batch_divides(self) -> TrainConfig:

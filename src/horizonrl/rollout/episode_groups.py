@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-import logging
 from collections.abc import Callable
 
 from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode
-from horizonrl.rollout.stream import EnvStream, close_on_error, play_turn
+from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 
-log = logging.getLogger(__name__)
 RewardFn = Callable[[Episode], float]
 
 
@@ -74,18 +72,16 @@ class EpisodeGroupCollector:
             free.put_nowait(env)
 
     async def _play(self, stream: EnvStream, seed: int) -> Episode:
-        self.errors.extend(await stream.reset())
+        note_errors(await stream.reset(), self.errors)
         episode = Episode(f"{stream.episode_id}/rollout{stream.index}", self.task, seed,
                           group_id=f"{self.task}/seed{seed}")
         while True:
             try:
                 turn, observation = await play_turn(stream, self.agent, self.engine, self.params)
             except EnvError as error:
-                log.warning("env error, recovered: %s", error)
-                self.errors.append(str(error))
+                note_errors([str(error)], self.errors)
                 if episode.turns:
-                    close_on_error(episode, str(error), self.agent.prompt_ids(stream.env, stream.history,
-                                                                              stream.observation))
+                    close_on_error(episode, str(error), stream, self.agent)
                 else:
                     episode.metrics = {"error": str(error)}
                 return episode
@@ -93,9 +89,7 @@ class EpisodeGroupCollector:
             if len(episode.turns) == self.max_turns and not turn.terminated:
                 turn.truncated = True
             if turn.terminated or turn.truncated:
-                if not turn.terminated:    # s_{T+1}, as the data contract asks of every unfinished episode
-                    episode.bootstrap_prompt_ids = self.agent.prompt_ids(stream.env, stream.history, observation)
-                episode.metrics = stream.outcome(turn)
+                finish_episode(episode, turn, stream, self.agent, observation)
                 episode.outcome_reward = float(self.reward_fn(episode))
                 return episode
             stream.observation = observation

@@ -15,15 +15,12 @@ stream starts a new episode. A reset that fails MAX_RESET_ATTEMPTS times in a ro
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode
-from horizonrl.rollout.stream import EnvStream, close_on_error, play_turn
-
-log = logging.getLogger(__name__)
+from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 
 
 class FixedTurnCollector:
@@ -50,25 +47,21 @@ class FixedTurnCollector:
         episode: Episode | None = None
         for _ in range(self.e_len):
             if stream.observation is None:
-                self._recovered(await stream.reset())
+                note_errors(await stream.reset(), self.errors)
             if episode is None:
                 episode = Episode(stream.episode_id, stream.task, stream.seed)
             try:
                 turn, next_observation = await play_turn(stream, self.agent, self.engine, self.params)
             except EnvError as error:
-                self._recovered([str(error)])
+                note_errors([str(error)], self.errors)
                 if episode.turns:
-                    close_on_error(episode, str(error), self.agent.prompt_ids(stream.env, stream.history,
-                                                                              stream.observation))
+                    close_on_error(episode, str(error), stream, self.agent)
                     fragments.append(episode)
                 episode, stream.observation = None, None
                 continue
             episode.turns.append(turn)
             if turn.terminated or turn.truncated:
-                if not turn.terminated:
-                    episode.bootstrap_prompt_ids = self.agent.prompt_ids(stream.env, stream.history,
-                                                                         next_observation)
-                episode.metrics = stream.outcome(turn)
+                finish_episode(episode, turn, stream, self.agent, next_observation)
                 fragments.append(episode)
                 episode, stream.observation = None, None
             else:
@@ -77,9 +70,4 @@ class FixedTurnCollector:
             episode.bootstrap_prompt_ids = self.agent.prompt_ids(stream.env, stream.history, stream.observation)
             fragments.append(episode)
         return fragments
-
-    def _recovered(self, errors: list[str]) -> None:
-        for error in errors:
-            log.warning("env error, recovered: %s", error)
-        self.errors.extend(errors)
 

@@ -6,6 +6,7 @@ collector runs one stream per rollout from a fixed seed.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode, Turn
 
+log = logging.getLogger(__name__)
 MAX_RESET_ATTEMPTS = 3
 
 
@@ -54,14 +56,6 @@ class EnvStream:
         self.episode_return, self.episode_length, self.invalid_actions = 0.0, 0, 0
         return errors
 
-    def outcome(self, last: Turn) -> dict:
-        """The metrics of the episode that `last` ended."""
-        return {
-            "return": self.episode_return, "length": self.episode_length,
-            "success": float(bool(last.info.get("success", last.terminated and last.reward > 0))),
-            "invalid_actions": self.invalid_actions,
-        }
-
 
 async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: SamplingParams) -> tuple[Turn, str]:
     """Prompt, sample, parse, step: one Turn and the observation after it."""
@@ -85,11 +79,30 @@ async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: Sam
     return turn, observation
 
 
-def close_on_error(episode: Episode, error: str, bootstrap_prompt_ids: list[int]) -> None:
-    """End `episode` as truncated after its last completed turn (bootstrapped from the state the
-    failed call started from); its metrics carry the error, so it is not counted as a failure."""
+def finish_episode(episode: Episode, last: Turn, stream: EnvStream, agent: Agent, next_observation: str) -> None:
+    """`last` ended `episode`: unless it terminated (a time limit), the prompt of s_{T+1} to bootstrap
+    from; and the episode's metrics."""
+    if not last.terminated:
+        episode.bootstrap_prompt_ids = agent.prompt_ids(stream.env, stream.history, next_observation)
+    episode.metrics = {
+        "return": stream.episode_return, "length": stream.episode_length,
+        "success": float(bool(last.info.get("success", last.terminated and last.reward > 0))),
+        "invalid_actions": stream.invalid_actions,
+    }
+
+
+def close_on_error(episode: Episode, error: str, stream: EnvStream, agent: Agent) -> None:
+    """End `episode` as truncated after its last completed turn, bootstrapped from the state the
+    failed call started from; its metrics carry the error, so it is not counted as a failure."""
     last = episode.turns[-1]
     last.truncated = True
     last.info["error"] = error
-    episode.bootstrap_prompt_ids = bootstrap_prompt_ids
+    episode.bootstrap_prompt_ids = agent.prompt_ids(stream.env, stream.history, stream.observation)
     episode.metrics = {"error": error}
+
+
+def note_errors(errors: list[str], sink: list[str]) -> None:
+    """Log env errors that were recovered from and keep them in `sink` (a collector's `errors`)."""
+    for error in errors:
+        log.warning("env error, recovered: %s", error)
+    sink.extend(errors)
