@@ -76,9 +76,18 @@ class AgentConfig(Section):
     memory: int = Field(1, ge=0, description="past turns shown in the prompt (history = window)")
     history: Literal["window", "full"] = Field(
         "window", description="window: the last `memory` turns as messages; full: the whole conversation, "
-                              "token-exact, each observation a new user message")
+                              "token-exact")
+    feedback: Literal["new_round", "continuation"] = Field(
+        "new_round", description="history = full: each observation a new user message (new_round) or appended "
+                                 "inside the assistant message, which the model continues (continuation)")
     invalid_penalty: float = -0.1
     translations: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _continuation_needs_full_history(self) -> AgentConfig:
+        if self.feedback == "continuation" and self.history != "full":
+            raise ValueError("feedback=continuation needs history=full")
+        return self
 
 
 class RolloutConfig(Section):

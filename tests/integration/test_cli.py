@@ -77,3 +77,12 @@ def test_group_algorithms_train_on_episode_groups(tmp_path, algorithm):
     assert record["phase"] == algorithm and record["env/episodes"] == 4
     assert "train/actor/pg_loss" in record and "train/critic/value_loss" not in record
     assert not (run_dir / "checkpoint" / "critic.safetensors").exists()
+
+
+def test_continuation_feedback_trains_on_merged_rows(tmp_path):
+    assert main(["train", *SMALL, "agent.history=full", "agent.feedback=continuation", "samples=merged",
+                 f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    record = read_metrics(run_dir / "metrics.jsonl")[-1]
+    assert record["data/merge/split_template"] == record["data/merge/split_other"] == 0
+    assert record["data/merge/merged"] > 0

@@ -1,6 +1,7 @@
 """The hf engine: batching, sampling controls, and log-probs that the learner reproduces."""
 
 import asyncio
+import re
 
 import pytest
 import torch
@@ -118,3 +119,29 @@ def test_engine_errors_reach_every_waiting_request(river_tiny):
     too_big = [len(tokenizer) + 5]     # an id the model cannot embed
     with pytest.raises(IndexError):
         generate_all(engine, [too_big, too_big], SamplingParams(max_tokens=2))
+
+
+def test_stop_patterns_end_a_response_at_the_token_that_completes_a_match(river_tiny):
+    tokenizer, model = river_tiny
+    prompts = prompts_of(tokenizer, 3)
+    greedy = SamplingParams(max_tokens=10, temperature=0.0)
+    free = generate_all(HFEngine(model, tokenizer.pad_token_id), prompts, greedy)
+    # Stop where the decoded text first contains the decoded text of the first 3 sampled tokens.
+    targets = [tokenizer.decode(g.token_ids[:3], skip_special_tokens=True) for g in free]
+    engine = HFEngine(model, tokenizer.pad_token_id, tokenizer=tokenizer)
+    for prompt, generation, target in zip(prompts, free, targets):
+        stopped, = generate_all(engine, [prompt], SamplingParams(10, 0.0, stop_patterns=(re.escape(target),)))
+        n = next(k for k in range(1, 11)
+                 if target in tokenizer.decode(generation.token_ids[:k], skip_special_tokens=True))
+        assert stopped.token_ids == generation.token_ids[:n] and stopped.finish_reason == "stop"
+        assert stopped.logprobs == pytest.approx(generation.logprobs[:n], abs=1e-6)
+    # One batch, rows with and without patterns: each row stops on its own rule.
+    mixed = asyncio.run(_gather(engine, prompts, [greedy, SamplingParams(10, 0.0, stop_patterns=(r"\S",)), greedy]))
+    assert mixed[0].token_ids == free[0].token_ids and mixed[2].token_ids == free[2].token_ids
+    assert len(mixed[1].token_ids) < len(free[1].token_ids)
+    with pytest.raises(ValueError, match="tokenizer"):
+        generate_all(HFEngine(model, tokenizer.pad_token_id), prompts[:1], SamplingParams(stop_patterns=("x",)))
+
+
+async def _gather(engine, prompts, params):
+    return await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, params)))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
-from horizonrl.agents.actions import Decision, decide
-from horizonrl.agents.prompt import HistoryEntry, build_messages, plan_text, system_prompt, user_message
+from horizonrl.agents.actions import ACTION_TAG, Decision, decide
+from horizonrl.agents.prompt import (HistoryEntry, build_messages, continuation_text, plan_text, system_prompt,
+                                     user_message)
 from horizonrl.envs.base import TextEnv
 
 
@@ -15,7 +17,8 @@ class Agent:
 
     `memory` is the number of past turns in the prompt; `invalid_penalty` is added to the reward of a
     turn whose response named no valid action (the env's default action is executed instead);
-    `translations` add to (and override) the env's own table of near-misses.
+    `translations` add to (and override) the env's own table of near-misses. `history` and
+    `feedback` choose the prompt layout (see `prompt_ids`).
     """
 
     tokenizer: object
@@ -23,16 +26,35 @@ class Agent:
     invalid_penalty: float = -0.1
     translations: dict[str, str] = field(default_factory=dict)
     history: str = "window"
+    feedback: str = "new_round"
+
+    def __post_init__(self):
+        if self.feedback == "continuation" and self.history != "full":
+            raise ValueError("feedback=continuation extends the assistant message token for token: it needs "
+                             "history=full")
+
+    @property
+    def stop_patterns(self) -> tuple[str, ...]:
+        """With continuation feedback a response ends at the newline after its action (not at EOS,
+        which would close the assistant message the observation is appended to)."""
+        return (re.escape(ACTION_TAG) + r"[^\n]*\n",) if self.feedback == "continuation" else ()
 
     def prompt_ids(self, env: TextEnv, history: list[HistoryEntry], observation: str) -> list[int]:
         """`history="window"`: the last `memory` turns rebuilt as messages (Verlog). `history="full"`:
-        the previous prompt + response ids exactly, then the observation as a new user message (the
-        new-round feedback mode), so every prompt extends the one before and turns merge into one row."""
+        the previous prompt + response ids exactly, then the observation's ids, so every prompt extends
+        the one before and the turns of an episode merge into one row. The observation comes as a new
+        user message (`feedback="new_round"`) or as text appended inside the assistant message, which
+        the model continues (`feedback="continuation"`; a response that sampled EOS anyway closed the
+        message, and its observation starts a new round)."""
         if self.history == "full" and history:
             last = history[-1]
-            return list(last.prompt_ids) + list(last.response_ids) + new_round_ids(
-                self.tokenizer, user_message(observation), closed=bool(last.response_ids)
-                and last.response_ids[-1] == self.tokenizer.eos_token_id)
+            previous = list(last.prompt_ids) + list(last.response_ids)
+            closed = bool(last.response_ids) and last.response_ids[-1] == self.tokenizer.eos_token_id
+            if self.feedback == "continuation" and not closed:
+                text = self.tokenizer.decode(last.response_ids, skip_special_tokens=True)
+                return previous + self.tokenizer.encode(continuation_text(observation, text.endswith("\n")),
+                                                        add_special_tokens=False)
+            return previous + new_round_ids(self.tokenizer, user_message(observation), closed)
         messages = build_messages(system_prompt(env.instruction), history, observation, self.memory)
         return chat_prompt_ids(self.tokenizer, messages)
 

@@ -6,6 +6,8 @@ Layout with memory window n (Verlog; n = 1 by default):
     assistant  "Previous plan:\n{plan_{t-n}}"        /   last n turns
     user       "Current Observation:\n{obs_t}\n\n" + RESPONSE_FORMAT
 A plan is the turn's reasoning plus the action actually executed, never invalid text.
+With full history and continuation feedback, each later observation is appended inside the assistant
+message as `continuation_text`.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def plan_text(think: str, action: str) -> str:
 def current_observation(prompt_text: str) -> str:
     """The current observation inside a prompt rendered from `build_messages` (for scripted policies)."""
     after = prompt_text.rsplit(CURRENT_OBSERVATION, 1)[-1]
-    return after.split(f"\n\n{RESPONSE_FORMAT}", 1)[0]
+    return after.split(f"\n\n{RESPONSE_FORMAT}", 1)[0].removesuffix("\n\n")
 
 
 def restate(observation: str) -> str:
@@ -77,3 +79,10 @@ def build_messages(system: str, history: list[HistoryEntry], observation: str, m
 def user_message(observation: str) -> str:
     """The user message of the current turn: the observation and the response format."""
     return f"{CURRENT_OBSERVATION}{observation}\n\n{RESPONSE_FORMAT}"
+
+
+def continuation_text(observation: str, after_newline: bool) -> str:
+    """An observation appended inside the assistant message (continuation feedback), on a line of
+    its own, followed by a blank line where the model continues with its THINK."""
+    blank_line = "\n" if after_newline else "\n\n"
+    return f"{blank_line}{CURRENT_OBSERVATION}{observation}\n\n"

@@ -9,12 +9,14 @@ from typing import Literal, Protocol, runtime_checkable
 @dataclass(frozen=True)
 class SamplingParams:
     """max_tokens new tokens at most; temperature 0 means greedy; stop_ids end a response (and are
-    kept in it when sampled)."""
+    kept in it when sampled); so does the first token after which the decoded response text contains a
+    match of one of `stop_patterns` (regular expressions; every sampled id is kept, none is cut)."""
 
     max_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     stop_ids: tuple[int, ...] = ()
+    stop_patterns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

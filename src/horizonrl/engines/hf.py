@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from dataclasses import dataclass
 
 import torch
@@ -30,12 +31,14 @@ class HFEngine:
     """Engine over a transformers causal LM held in this process.
 
     The engine can share the learner's actor module (then `sync_weights` has nothing to copy) or own
-    a separate copy (then `sync_weights` loads the actor's state dict).
+    a separate copy (then `sync_weights` loads the actor's state dict). `tokenizer` decodes responses
+    for requests with `stop_patterns`.
     """
 
     def __init__(self, model, pad_id: int, max_batch_size: int = 256, seed: int = 0,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, tokenizer=None):
         self.model = model.eval()
+        self.tokenizer = tokenizer
         self.pad_id = pad_id
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
@@ -49,6 +52,8 @@ class HFEngine:
             raise ValueError("prompt_ids is empty")
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        if params.stop_patterns and self.tokenizer is None:
+            raise ValueError("stop_patterns need the engine to decode responses: HFEngine(..., tokenizer=...)")
         future = asyncio.get_running_loop().create_future()
         self._pending.append(_Request(list(prompt_ids), params, future))
         if self._server is None or self._server.done():
@@ -96,6 +101,9 @@ class HFEngine:
         for row, p in enumerate(params):
             stop_ids[row, : len(p.stop_ids)] = torch.tensor(p.stop_ids, dtype=torch.long, device=device)
 
+        patterns = [[re.compile(pattern) for pattern in p.stop_patterns] for p in params]
+        response_ids: list[list[int]] = [[] for _ in range(batch)]
+
         cache = DynamicCache()
         logits = self._forward(input_ids, attention, positions, cache, logits_to_keep=1)
         done = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -107,7 +115,10 @@ class HFEngine:
             tokens.append(token)
             logprobs.append(logprob)
             length = torch.where(done, length, length + 1)
-            hit_stop = (token[:, None] == stop_ids).any(dim=1) & ~done
+            hit_stop = (token[:, None] == stop_ids).any(dim=1)
+            if any(patterns):
+                hit_stop |= self._matches_stop_pattern(token.tolist(), response_ids, patterns, done)
+            hit_stop &= ~done
             stopped |= hit_stop
             done |= hit_stop | (length >= max_tokens)
             if bool(done.all()):
@@ -122,6 +133,20 @@ class HFEngine:
             Generation(tokens[row][:n], logprobs[row][:n], "stop" if is_stop else "length")
             for row, (n, is_stop) in enumerate(zip(length.tolist(), stopped.tolist()))
         ]
+
+    def _matches_stop_pattern(self, token: list[int], response_ids: list[list[int]],
+                              patterns: list[list[re.Pattern]], done: torch.Tensor) -> torch.Tensor:
+        """Append this step's token to each running row's response; True where the decoded response
+        now contains a match of one of the row's stop patterns."""
+        hits = []
+        for row, (ids, row_patterns) in enumerate(zip(response_ids, patterns)):
+            if row_patterns and not done[row]:
+                ids.append(token[row])
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                hits.append(any(p.search(text) for p in row_patterns))
+            else:
+                hits.append(False)
+        return torch.tensor(hits, device=done.device)
 
     def _forward(self, input_ids, attention, positions, cache, logits_to_keep: int = 0) -> torch.Tensor:
         autocast = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype

@@ -60,13 +60,14 @@ def build_tiny_for_env(env: TextEnv, tiny: TinyModel, seed: int, device):
     return tokenizer, model.to(device)
 
 
-def format_warm_start(model, tokenizer, envs: list[TextEnv], task: str, warm_start: WarmStart,
-                      agent_memory: int, e_len: int, seed: int) -> list[float]:
-    """Fine-tune `model` in place to answer in the THINK/ACTION format with uniformly random actions;
-    returns the loss of every step."""
-    agent = Agent(tokenizer, memory=agent_memory)
+def format_warm_start(model, agent: Agent, envs: list[TextEnv], task: str, warm_start: WarmStart, e_len: int,
+                      seed: int) -> list[float]:
+    """Fine-tune `model` in place to answer in the THINK/ACTION format with uniformly random actions,
+    on exactly the prompts `agent` builds; returns the loss of every step."""
+    tokenizer = agent.tokenizer
     demonstrator = RandomFormatEngine(tokenizer, envs[0].actions, seed=seed)
-    collector = FixedTurnCollector(envs, task, agent, demonstrator, SamplingParams(), e_len, seed=seed + 7919)
+    collector = FixedTurnCollector(envs, task, agent, demonstrator, SamplingParams(stop_patterns=agent.stop_patterns),
+                                   e_len, seed=seed + 7919)
     demos = [episode for _ in range(warm_start.iterations) for episode in collector.collect()]
     losses = supervised_finetune(model, per_turn(demos), tokenizer.pad_token_id, warm_start.steps,
                                  warm_start.batch_size, warm_start.lr, seed=seed)

@@ -52,11 +52,12 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     if cfg.model.path is None:
         tokenizer, actor = build_tiny_for_env(env_registry.make(cfg.env.id, **cfg.env.kwargs), cfg.model.tiny,
                                               cfg.seed, device)
-        if cfg.model.warm_start:
-            format_warm_start(actor, tokenizer, envs, cfg.env.id, cfg.model.warm_start, cfg.agent.memory,
-                              rollout.e_len, cfg.seed)
     else:
         tokenizer, actor = load_policy(cfg.model.path, device)
+    agent = Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations, cfg.agent.history,
+                  cfg.agent.feedback)
+    if cfg.model.path is None and cfg.model.warm_start:
+        format_warm_start(actor, agent, envs, cfg.env.id, cfg.model.warm_start, rollout.e_len, cfg.seed)
     run_dir = make_run_dir(cfg)
     if cfg.model.path is None:
         save_checkpoint(run_dir / "init", actor, tokenizer)
@@ -69,9 +70,9 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
     # Rollout: the engine samples from the actor itself (shared weights, nothing to copy in-process).
-    engine = HFEngine(actor, pad_id, rollout.max_batch_size, cfg.seed, autocast_dtype(device))
-    agent = Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations, cfg.agent.history)
-    params = SamplingParams(rollout.max_tokens, rollout.temperature, rollout.top_p, stop_ids(tokenizer, actor))
+    engine = HFEngine(actor, pad_id, rollout.max_batch_size, cfg.seed, autocast_dtype(device), tokenizer)
+    params = SamplingParams(rollout.max_tokens, rollout.temperature, rollout.top_p, stop_ids(tokenizer, actor),
+                            agent.stop_patterns)
     metrics_log = MetricsLog(run_dir / "metrics.jsonl")
     if cfg.algorithm != "ppo":
         group_iterations(cfg, envs, agent, engine, params, actor, reference, actor_opt, actor_loss, pad_id, shuffle,
