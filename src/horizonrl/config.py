@@ -114,7 +114,8 @@ class PPOConfig(Section):
     value_clip: float | None = Field(0.5, gt=0)
     first_token_weight: float = Field(3.0, ge=0)
     entropy_coef: float = 0.001
-    kl_coef: float = Field(0.001, ge=0)
+    kl_coef: float = Field(0.001, ge=0, description="KL to the reference as a token reward (ppo only)")
+    kl_loss_coef: float = Field(0.0, ge=0, description="k3 KL to the reference in the actor loss (GRPO's beta)")
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     epochs: int = Field(1, gt=0)

@@ -202,3 +202,25 @@ def test_approx_kl_by_hand():
     torch.testing.assert_close(approx_kl(logp, logp_old), torch.tensor(expected, dtype=torch.float64),
                                rtol=1e-6, atol=1e-6)
     assert torch.all(approx_kl(logp, logp_old) >= 0)
+
+
+def test_kl_loss_term_adds_beta_times_k3_to_the_reference(river_tiny):
+    """actor loss(beta) - actor loss(0) = beta * token-mean k3(logp, logp_ref)."""
+    from horizonrl.learner.scoring import token_logprobs
+    from horizonrl.learner.update import actor_loss_fn
+
+    tokenizer, model = river_tiny
+    ids = torch.tensor([tokenizer.encode("You are on stone 2. THINK: go ACTION: jump right")])
+    mask = torch.zeros_like(ids)
+    mask[0, -5:] = 1
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, ids, torch.ones_like(ids), mask, 1.0)
+    mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask, "logp_old": logp,
+          "advantages": torch.zeros_like(logp), "logp_ref": logp - 0.3 * mask}
+    n = float(mask.sum())
+    args = (model, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0)
+    plain, _ = actor_loss_fn(*args)(mb, n, 1.0)
+    with_kl, parts = actor_loss_fn(*args, kl_loss_coef=0.5)(mb, n, 1.0)
+    k3 = math.exp(-0.3) - 1 + 0.3
+    assert (with_kl - plain).item() == pytest.approx(0.5 * k3, rel=1e-5)
+    assert parts["kl_loss"][0] / parts["kl_loss"][1] == pytest.approx(k3, rel=1e-5)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
+from horizonrl.algos.kl import kl_estimate
 from horizonrl.algos.losses import (aggregate, approx_kl, first_token_weights, ppo_policy_loss,
                                     value_loss)
 from horizonrl.learner.scoring import micro_batches, token_logprobs, token_values
@@ -83,23 +84,29 @@ def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) 
 
 
 def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | None, entropy_coef: float,
-                  loss_agg: str, temperature: float) -> LossFn:
-    """PPO clipped surrogate minus the entropy bonus, aggregated by `loss_agg`."""
+                  loss_agg: str, temperature: float, kl_loss_coef: float = 0.0) -> LossFn:
+    """PPO clipped surrogate - entropy_coef * entropy + kl_loss_coef * k3 KL(pi || pi_ref) (GRPO's
+    beta term, differentiated through pi), each aggregated by `loss_agg`."""
     def loss_fn(mb, num_tokens, num_seqs):
         mask = mb["loss_mask"]
         logp, entropy = token_logprobs(actor, mb["input_ids"], mb["attention_mask"], mask, temperature)
         pg, clipped = ppo_policy_loss(logp, mb["logp_old"], mb["advantages"], clip_low, clip_high, dual_clip)
-        pg_loss = aggregate(pg, mask, loss_agg, num_tokens, num_seqs)
-        entropy_loss = aggregate(entropy, mask, loss_agg, num_tokens, num_seqs)
+        loss = aggregate(pg, mask, loss_agg, num_tokens, num_seqs)
+        loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg, num_tokens, num_seqs)
         n = float(mask.sum())
+        parts = {}
+        if kl_loss_coef:
+            kl = kl_estimate(logp, mb["logp_ref"], "k3")
+            loss = loss + kl_loss_coef * aggregate(kl, mask, loss_agg, num_tokens, num_seqs)
+            parts["kl_loss"] = (float((kl.detach() * mask).sum()), n)
         with torch.no_grad():
-            parts = {
+            parts.update({
                 "pg_loss": (float((pg * mask).sum()), n),
                 "clipfrac": (float((clipped * mask).sum()), n),
                 "approx_kl": (float((approx_kl(logp, mb["logp_old"]) * mask).sum()), n),
                 "entropy": (float((entropy * mask).sum()), n),
-            }
-        return pg_loss - entropy_coef * entropy_loss, parts
+            })
+        return loss, parts
     return loss_fn
 
 

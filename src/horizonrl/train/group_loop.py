@@ -5,7 +5,8 @@
     sampled token of the episode  ->  PPO-clipped actor update  ->  sync weights to the engine
 
 Episodes closed by an env error are left out of their group. There is no KL-in-reward term here
-(there is no per-token reward to put it in); `train/kl_ref` is logged.
+(there is no per-token reward to put it in); `ppo.kl_loss_coef` puts the KL in the actor loss instead,
+and `train/kl_ref` is logged.
 """
 
 from __future__ import annotations

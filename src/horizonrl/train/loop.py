@@ -66,7 +66,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=ppo.actor_lr, weight_decay=ppo.weight_decay)
     actor_loss = actor_loss_fn(actor, ppo.clip_low, ppo.clip_high, ppo.dual_clip, ppo.entropy_coef, ppo.loss_agg,
-                               rollout.temperature)
+                               rollout.temperature, ppo.kl_loss_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
     # Rollout: the engine samples from the actor itself (shared weights, nothing to copy in-process).
