@@ -88,7 +88,7 @@ def test_chat_template(qwen_tokenizer):
         "<|im_start|>system\nYou are a helpful agent.<|im_end|>\n"
         "<|im_start|>user\nWhere is the key?<|im_end|>\n"
         "<|im_start|>assistant\nTHINK: look around. ACTION: look<|im_end|>\n"
-        "<|im_start|>tool\n{\"result\": 3}<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n{\"result\": 3}\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
     )
     no_prompt = qwen_tokenizer.apply_chat_template(messages[:2], tokenize=False)
@@ -106,3 +106,31 @@ def test_cache_round_trip(tmp_path):
     text = "<|im_start|>user\nHAVING 123 naïve<|im_end|>\n"
     assert loaded.encode(text) == built.encode(text)
     assert loaded.chat_template == built.chat_template and len(loaded) == 151665
+
+
+def test_chat_template_with_tools_follows_qwen25(qwen_tokenizer):
+    """Tool schemas in the system message, tool_calls as <tool_call> blocks, consecutive tool results in
+    one user message: Qwen2.5's layout."""
+    schema = {"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+    messages = [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "add", "arguments": {"a": 1}}},
+            {"type": "function", "function": {"name": "add", "arguments": {"a": 2}}}]},
+        {"role": "tool", "content": "1"}, {"role": "tool", "content": "2"},
+    ]
+    text = qwen_tokenizer.apply_chat_template(messages, tools=[schema], tokenize=False, add_generation_prompt=True)
+    assert text == (
+        "<|im_start|>system\nS\n\n# Tools\n\nYou may call one or more functions to assist with the user query."
+        "\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        '{"type": "function", "function": {"name": "add", "description": "Add.", "parameters": {"type": "object", '
+        '"properties": {"a": {"type": "integer"}}, "required": ["a"]}}}\n</tools>\n\nFor each function call, '
+        "return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n"
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\nU<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "add", "arguments": {"a": 2}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n1\n</tool_response>\n<tool_response>\n2\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )

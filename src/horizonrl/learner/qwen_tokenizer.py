@@ -13,10 +13,9 @@ vocab.json + merges.txt). From it we build a Hugging Face fast tokenizer with:
   151644, `<|im_end|>` 151645, ..., `<tool_call>` 151657, ..., `<|file_sep|>` 151664). As in
   Qwen2.5's tokenizer_config.json the first 13 are special, `<tool_call>`, `</tool_call>`, the FIM
   tokens, `<|repo_name|>` and `<|file_sep|>` are added but not special;
-- eos `<|im_end|>`, pad `<|endoftext|>`, and a ChatML chat template (system/user/assistant/tool
-  messages `<|im_start|>{role}\\n{content}<|im_end|>\\n`; `add_generation_prompt` appends
-  `<|im_start|>assistant\\n`). It is the plain ChatML layout, not Qwen's full template (no default
-  system prompt, no tool-schema rendering).
+- eos `<|im_end|>`, pad `<|endoftext|>`, and the chat template of `horizonrl.learner.tokenizer`:
+  Qwen2.5's ChatML layout with tool schemas, <tool_call> blocks and <tool_response> messages, but
+  no default system prompt.
 
 So `len(tokenizer) == 151665` and ids equal what the Hub tokenizer of Qwen2.5 gives, without a
 download. Conversion takes some seconds, so the result is saved under
@@ -32,6 +31,8 @@ import tempfile
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
+
+from horizonrl.learner.tokenizer import CHAT_TEMPLATE
 
 QWEN2_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
                  r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
@@ -64,14 +65,7 @@ ADDED_TOKENS: list[tuple[str, bool]] = [
 ]
 VOCAB_SIZE = FIRST_ADDED_ID + len(ADDED_TOKENS)  # 151665 (the model's embedding has 151936 rows)
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-_CACHE_VERSION = "1"  # bump when anything above changes
+_CACHE_VERSION = "2"  # bump when anything above changes
 
 
 def tiktoken_path() -> Path:
@@ -129,7 +123,7 @@ def _convert() -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
         model_max_length=131072,
     )
-    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 

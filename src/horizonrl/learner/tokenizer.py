@@ -16,11 +16,41 @@ from transformers import PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+# Qwen2.5's ChatML layout, tools included: `tools` (OpenAI function schemas) are listed in the system
+# message; an assistant message's `tool_calls` are written as <tool_call> blocks; consecutive `tool`
+# messages share one user message of <tool_response> blocks. Unlike Qwen2.5's own template, no default
+# system message is invented when the conversation has none.
+CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, "
+    "\"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and loop.first %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') }}"
+    "{%- for call in message.get('tool_calls') or [] %}"
+    "{%- set call = call['function'] if call['function'] is defined else call %}"
+    "{%- if message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' + (call['arguments'] | tojson) "
+    "+ '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
 
@@ -41,5 +71,5 @@ def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTra
     bpe.train_from_iterator(corpus, trainer)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                         additional_special_tokens=["<|im_start|>"])
-    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
