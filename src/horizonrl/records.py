@@ -28,6 +28,17 @@ class Turn:
 
 
 @dataclass
+class Task:
+    """One problem for the agent loop: its opening `messages` (system + user) and its own fields
+    (`data`, e.g. the reference answer), which reach the reward function through the Episode."""
+
+    task_id: str
+    seed: int
+    messages: list[dict]
+    data: dict = field(default_factory=dict)
+
+
+@dataclass
 class Episode:
     """The turns of one episode that fall in one batch.
 
@@ -36,6 +47,7 @@ class Episode:
     batch boundary. `bootstrap_prompt_ids` is the prompt of s_{T+1}, the state after the last turn,
     whenever that state's value is needed (cut or time-limit truncation); None after termination.
     `metrics` holds the whole episode's summary (return, length, success) on its final fragment only.
+    `data` carries the task's own fields for reward functions (agent-loop episodes).
     """
 
     episode_id: str
@@ -46,6 +58,7 @@ class Episode:
     bootstrap_prompt_ids: list[int] | None = None
     outcome_reward: float | None = None
     metrics: dict = field(default_factory=dict)
+    data: dict = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:

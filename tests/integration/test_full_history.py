@@ -42,16 +42,17 @@ def test_full_history_episodes_merge_without_splits(which, feedback, request):
 
 def test_new_round_ids_are_what_the_template_writes(qwen_tokenizer):
     tok = qwen_tokenizer
-    ids = new_round_ids(tok, "Current Observation:\nhi")
+    ids = new_round_ids(tok, [{"role": "user", "content": "Current Observation:\nhi"}])
     assert tok.decode(ids) == "\n<|im_start|>user\nCurrent Observation:\nhi<|im_end|>\n<|im_start|>assistant\n"
-    assert new_round_ids(tok, "x", closed=False)[0] == tok.eos_token_id      # a cut response gets its EOS
+    cut = new_round_ids(tok, [{"role": "user", "content": "x"}], closed=False)
+    assert cut[0] == tok.eos_token_id      # a cut response gets its EOS
     messages = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
     first = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     response = tok.encode("THINK: ok\nACTION: wait", add_special_tokens=False) + [tok.eos_token_id]
     full = tok.apply_chat_template(messages + [{"role": "assistant", "content": "THINK: ok\nACTION: wait"},
                                                {"role": "user", "content": "v"}],
                                    add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-    assert list(first) + response + new_round_ids(tok, "v") == list(full)
+    assert list(first) + response + new_round_ids(tok, [{"role": "user", "content": "v"}]) == list(full)
 
 
 def test_continuation_appends_the_observation_inside_the_assistant_message(qwen_tokenizer):
@@ -75,7 +76,8 @@ def test_continuation_after_a_closed_response_starts_a_new_round(qwen_tokenizer)
     closed = tok.encode("THINK: x\nACTION: wait", add_special_tokens=False) + [tok.eos_token_id]
     cut = tok.encode("THINK: x\nACTION: wa", add_special_tokens=False)         # max_tokens hit mid-line
     entry = lambda response: [HistoryEntry("o", "p", tuple(prompt), tuple(response))]   # noqa: E731
-    assert agent.prompt_ids(None, entry(closed), "obs") == prompt + closed + new_round_ids(tok, user_message("obs"))
+    assert agent.prompt_ids(None, entry(closed), "obs") == prompt + closed + new_round_ids(
+        tok, [{"role": "user", "content": user_message("obs")}])
     assert tok.decode(agent.prompt_ids(None, entry(cut), "obs")[len(prompt) + len(cut):]) == (
         "\n\nCurrent Observation:\nobs\n\n")
     with pytest.raises(ValueError, match="history=full"):

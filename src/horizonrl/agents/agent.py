@@ -54,7 +54,8 @@ class Agent:
                 text = self.tokenizer.decode(last.response_ids, skip_special_tokens=True)
                 return previous + self.tokenizer.encode(continuation_text(observation, text.endswith("\n")),
                                                         add_special_tokens=False)
-            return previous + new_round_ids(self.tokenizer, user_message(observation), closed)
+            return previous + new_round_ids(self.tokenizer, [{"role": "user", "content": user_message(observation)}],
+                                            closed)
         messages = build_messages(system_prompt(env.instruction), history, observation, self.memory)
         return chat_prompt_ids(self.tokenizer, messages)
 
@@ -65,28 +66,29 @@ class Agent:
         return decision, plan_text(decision.think, decision.action)
 
 
-def new_round_ids(tokenizer, content: str, closed: bool = True) -> list[int]:
+def new_round_ids(tokenizer, messages: list[dict], closed: bool = True) -> list[int]:
     """The ids the chat template puts between an assistant response (ending in EOS when `closed`)
-    and the next assistant header, through a new user message with `content`.
+    and the next assistant header, through new `messages` (user or tool messages).
 
-    Derived from the template itself: render a probe conversation with and without the user message
+    Derived from the template itself: render a probe conversation with and without the messages
     and take the difference, plus whatever the template writes after the assistant's EOS (ChatML: a
     newline). A response cut by max_tokens gets the EOS it did not sample (as an observation token).
     """
     probe = [{"role": "system", "content": "S"}, {"role": "assistant", "content": "A"}]
     closed_text = tokenizer.apply_chat_template(probe, tokenize=False)
-    with_user = tokenizer.apply_chat_template(probe + [{"role": "user", "content": content}], tokenize=False,
-                                              add_generation_prompt=True)
+    with_messages = tokenizer.apply_chat_template(probe + messages, tokenize=False, add_generation_prompt=True)
     marker = "A" + tokenizer.eos_token
-    if marker not in closed_text or not with_user.startswith(closed_text):
+    if marker not in closed_text or not with_messages.startswith(closed_text):
         raise ValueError("the chat template does not end an assistant message with the EOS token and extend "
                          "the conversation by appending; use agent.history=window with this tokenizer")
-    delta = closed_text.split(marker, 1)[1] + with_user[len(closed_text):]
+    delta = closed_text.split(marker, 1)[1] + with_messages[len(closed_text):]
     eos = [] if closed else [tokenizer.eos_token_id]
     return eos + tokenizer.encode(delta, add_special_tokens=False)
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of `messages` through the tokenizer's chat template, ending with the assistant header."""
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+def chat_prompt_ids(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """Token ids of `messages` (and the `tools` schemas) through the tokenizer's chat template, ending
+    with the assistant header."""
+    encoded = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)
     return list(encoded["input_ids"])

@@ -1,0 +1,40 @@
+"""Task-group collector for the agent loop (GRPO and friends on tool-use and interaction tasks).
+
+`make_task(seed)` gives a Task; each of `n_tasks` tasks is run `group_size` times through the agent
+loop, concurrently, sharing a `group_id`. The outcome reward is `reward_fn(episode)`: the reward
+function sees the whole Episode, every turn with its tool calls, tool results and interaction info,
+and the task's own fields in `episode.data`. An episode counts as a success when its outcome reward
+is positive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from horizonrl.records import Episode, Task
+from horizonrl.rollout.agent_loop import AgentLoop
+from horizonrl.rollout.episode_groups import RewardFn
+
+
+class TaskGroupCollector:
+    def __init__(self, loop: AgentLoop, make_task: Callable[[int], Task], group_size: int, reward_fn: RewardFn,
+                 seed: int = 0):
+        self.loop, self.make_task, self.group_size, self.reward_fn = loop, make_task, group_size, reward_fn
+        self.next_seed = seed * 1_000_003
+        self.errors: list[str] = []      # the agent loop recovers from tool errors; nothing is lost here
+
+    def collect(self, n_tasks: int) -> list[Episode]:
+        """`n_tasks * group_size` finished episodes, task by task, rollout by rollout."""
+        tasks = [self.make_task(seed) for seed in range(self.next_seed, self.next_seed + n_tasks)]
+        self.next_seed += n_tasks
+        return asyncio.run(self._collect(tasks))
+
+    async def _collect(self, tasks: list[Task]) -> list[Episode]:
+        jobs = [self.loop.run(task, f"{task.task_id}/rollout{k}", group_id=task.task_id)
+                for task in tasks for k in range(self.group_size)]
+        episodes = list(await asyncio.gather(*jobs))
+        for episode in episodes:
+            episode.outcome_reward = float(self.reward_fn(episode))
+            episode.metrics["success"] = float(episode.outcome_reward > 0)
+        return episodes
