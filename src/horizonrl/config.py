@@ -143,6 +143,21 @@ class GroupConfig(Section):
     reward_fn: str | None = Field(None, description='"module:function" taking an Episode; None: its return')
 
 
+class TaskConfig(Section):
+    """A tool-use or interaction task for the agent loop, instead of a game env (needs algorithm != ppo;
+    `group.max_turns` bounds the responses, `group.reward_fn` scores the episode)."""
+
+    source: str = Field(description='"module:function" giving the Task for a seed')
+    tools: list[str] = Field([], description='"module:name" of a Tool or function, or a tools YAML file')
+    interaction: str | None = Field(None, description='"module:Class" of an Interaction or MultiTurnScheduler')
+    teacher: str | None = Field(None, description='"module:function" (tasks) -> responder, for the tiny warm start')
+    feedback: Literal["new_round", "continuation"] = "new_round"
+    max_total_tokens: int = Field(1024, gt=0, description="tokens after the first prompt (responses + feedback)")
+    max_parallel_calls: int = Field(4, gt=0)
+    tool_timeout_s: float = Field(10.0, gt=0)
+    max_tool_response_tokens: int = Field(256, gt=0)
+
+
 class TrainConfig(Section):
     name: str = "toy"
     seed: int = 0
@@ -158,12 +173,20 @@ class TrainConfig(Section):
     samples: Literal["per_turn", "merged"] = "per_turn"
     merge: MergeConfig = MergeConfig()
     group: GroupConfig = GroupConfig()
+    task: TaskConfig | None = None
 
     def sample_options(self, run_dir: Path) -> dict:
         """The keyword arguments of train.batch.prepare that choose per-turn or merged rows."""
         if self.samples == "per_turn":
             return {}
         return {"merge": self.merge, "mismatch_log": run_dir / "merge_mismatches.jsonl" if self.merge.debug else None}
+
+    @model_validator(mode="after")
+    def _task_needs_group_algorithm(self) -> TrainConfig:
+        if self.task is not None and self.algorithm == "ppo":
+            raise ValueError("task: agent-loop tasks train with a group algorithm (grpo, dr_grpo, rloo, "
+                             "reinforce_pp), not ppo")
+        return self
 
     @model_validator(mode="after")
     def _batch_divides(self) -> TrainConfig:

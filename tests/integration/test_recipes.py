@@ -1,5 +1,6 @@
-"""Every recipe in configs/ loads and runs one PPO iteration on the CPU, scaled down, with a saved tiny
-model (random weights, a tokenizer trained on River's text) standing in for its hub model."""
+"""Every env recipe in configs/ loads and runs one PPO iteration on the CPU, scaled down, with a saved
+tiny model (random weights, a tokenizer trained on River's text) standing in for its hub model; the
+tool-use recipe runs one GRPO iteration end to end with its own tiny model."""
 
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from horizonrl.report.metrics import read_metrics
 from horizonrl.train.checkpoint import save_checkpoint
 from horizonrl.train.loop import train
 
-RECIPES = sorted(Path(__file__).resolve().parents[2].joinpath("configs").glob("*.yaml"))
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+RECIPES = sorted(r for r in CONFIGS.glob("*.yaml") if load_config(r).task is None)
 SMALL = ["model.warm_start=null", "iterations=1", "rollout.n_env=2", "rollout.e_len=2", "rollout.max_tokens=16",
         "ppo.mini_batch_size=4", "ppo.micro_batch_size=4", "ppo.warmup_batches=1", "ppo.warmup_iters=1",
         "device=cpu"]
@@ -32,3 +34,15 @@ def test_recipe_runs_one_iteration_on_cpu(recipe, tmp_path, river_tiny):
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["iteration"] for r in records] == [0, 1]
     assert records[1]["env/turns"] == 4 and records[1]["env/errors"] == 0
+
+
+def test_tool_use_recipe_trains_on_merged_agent_loop_episodes(tmp_path):
+    cfg = load_config(CONFIGS / "arithmetic.yaml", [
+        "iterations=1", "group.n_tasks=2", "group.group_size=4", "model.warm_start.steps=30",
+        "model.warm_start.iterations=1", "device=cpu", f"output_dir={tmp_path}"])
+    assert (CONFIGS / "arithmetic.yaml").read_text().splitlines()[0] == "# horizonrl train configs/arithmetic.yaml"
+    (record,) = read_metrics(train(cfg, progress=False) / "metrics.jsonl")
+    assert record["phase"] == "grpo" and record["env/episodes"] == 8
+    assert record["data/merge/rows"] == 8 and record["data/merge/merged"] == record["data/merge/turns"] - 8
+    assert record["data/merge/split_template"] == record["data/merge/split_other"] == 0
+    assert record["rollout/tool_calls"] > 0 and "train/actor/pg_loss" in record

@@ -26,6 +26,7 @@ def test_dotted_overrides_are_parsed_as_yaml():
     (["env.id=rivr"], "env: unknown env 'rivr'; known envs: babaisai/goto_win-distr_obj"),
     (["env.kwargs.stone=3"], "env: kwargs do not fit env 'river': got an unexpected keyword argument 'stone'"),
     (["novalue"], "override 'novalue' is not of the form key=value"),
+    (["task.source=horizonrl.tasks.arithmetic:make_task"], "agent-loop tasks train with a group algorithm"),
     (["agent.feedback=continuation"], "agent: feedback=continuation needs history=full"),
 ])
 def test_bad_values_name_the_key(override, message):

@@ -54,7 +54,12 @@ def env_corpus(env: TextEnv, episodes: int = 64, max_steps: int = 2000, seed: in
 
 def build_tiny_for_env(env: TextEnv, tiny: TinyModel, seed: int, device):
     """(tokenizer, model): a BPE tokenizer trained on `env`'s text and a random tiny model for it."""
-    tokenizer = train_bpe_tokenizer(env_corpus(env, seed=seed), tiny.vocab_size)
+    return build_tiny(env_corpus(env, seed=seed), tiny, seed, device)
+
+
+def build_tiny(corpus: list[str], tiny: TinyModel, seed: int, device):
+    """(tokenizer, model): a BPE tokenizer trained on `corpus` and a random tiny model for it."""
+    tokenizer = train_bpe_tokenizer(corpus, tiny.vocab_size)
     model = build_tiny_policy(tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.num_kv_heads,
                               tiny.intermediate_size, tiny.max_position_embeddings, seed)
     return tokenizer, model.to(device)

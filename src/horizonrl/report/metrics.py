@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 from horizonrl.records import Episode
@@ -38,7 +39,18 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "rollout/response_length": mean([len(t.response_ids) for t in turns]),
         "rollout/prompt_length": mean([len(t.prompt_ids) for t in turns]),
         "rollout/truncated_responses": sum(t.info.get("finish_reason") == "length" for t in turns),
+        **tool_metrics(turns),
     }
+
+
+def tool_metrics(turns) -> dict[str, float]:
+    """Tool calls of agent-loop turns: how many, and how many failed (by kind); none for games."""
+    calls = [call for t in turns for call in t.info.get("tool_calls", [])]
+    if not calls:
+        return {}
+    errors = Counter(call["error"] for call in calls if call["error"] is not None)
+    return {"rollout/tool_calls": len(calls), "rollout/tool_errors": sum(errors.values()),
+            **{f"rollout/tool_errors/{kind}": n for kind, n in errors.items()}}
 
 
 def invalid_examples(turns, limit: int = 3) -> list[str]:

@@ -18,7 +18,7 @@ that closed its message with EOS gets its feedback as a new round).
 Budgets: `params.max_tokens` per response, `max_total_tokens` for everything after the first prompt
 (responses and feedback), `max_turns` responses. Reaching one ends the episode as truncated; the
 reason is recorded in `Episode.metrics["stop_reason"]` ("answered", "interaction", "max_tokens",
-"max_total_tokens" or "max_turns").
+"max_total_tokens" or "max_turns"); a truncated episode's bootstrap prompt is the conversation so far.
 """
 
 from __future__ import annotations
@@ -194,5 +194,7 @@ def to_episode(trajectory: Trajectory, episode_id: str, group_id: str | None) ->
                "stop_reason": trajectory.stop_reason, "tool_calls": len(tool_calls),
                "tool_errors": sum(c["error"] is not None for c in tool_calls),
                "invalid_actions": sum(not t.valid_action for t in trajectory.turns)}
-    return Episode(episode_id, task.task_id, task.seed, group_id, trajectory.turns, metrics=metrics,
+    truncated = bool(trajectory.turns) and trajectory.turns[-1].truncated
+    return Episode(episode_id, task.task_id, task.seed, group_id, trajectory.turns,
+                   bootstrap_prompt_ids=list(trajectory.ids) if truncated else None, metrics=metrics,
                    data=dict(task.data))

@@ -76,13 +76,3 @@ def teacher(tasks: Iterable[Task], mistake_rate: float = 0.3, seed: int = 0) -> 
         call = json.dumps({"name": "calculator", "arguments": {"expression": expressions[question]}})
         return f"<tool_call>\n{call}\n</tool_call>"
     return respond
-
-
-def corpus(tasks: Iterable[Task]) -> list[str]:
-    """Text the agent reads and writes on `tasks`, for training a tiny tokenizer."""
-    texts = [SYSTEM, "The answer is", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
-    for task in tasks:
-        answer = task.data["answer"]
-        texts += [task.messages[-1]["content"], f'{{"name": "calculator", "arguments": {{"expression": '
-                  f'"{task.data["expression"]}"}}}}', str(answer), f"The answer is {answer}."]
-    return texts

@@ -19,16 +19,13 @@ from tqdm import tqdm
 from horizonrl.config import TrainConfig
 from horizonrl.learner.update import Stats, minibatch_updates
 from horizonrl.report.metrics import MetricsLog, episode_metrics
-from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
 from horizonrl.train.batch import batch_metrics, group_advantages_to_tokens, prepare
 
 
-def group_iterations(cfg: TrainConfig, envs: list, agent, engine, params, actor, reference, actor_opt, actor_loss,
-                     pad_id: int, shuffle, metrics_log: MetricsLog, device, progress: bool, tokenizer,
-                     run_dir: Path) -> None:
+def group_iterations(cfg: TrainConfig, collector, engine, actor, reference, actor_opt, actor_loss, pad_id: int,
+                     shuffle, metrics_log: MetricsLog, device, progress: bool, tokenizer, run_dir: Path) -> None:
+    """`collector`: an EpisodeGroupCollector (env) or a TaskGroupCollector (agent-loop task)."""
     ppo, group = cfg.ppo, cfg.group
-    collector = EpisodeGroupCollector(envs, cfg.env.id, agent, engine, params, group.group_size, group.max_turns,
-                                      load_reward_fn(group.reward_fn), cfg.seed)
     bar = tqdm(range(1, cfg.iterations + 1), desc=cfg.name, disable=not progress, dynamic_ncols=True)
     for iteration in bar:
         started = time.perf_counter()

@@ -1,5 +1,6 @@
 """The training loop: PPO with dual-discount GAE, critic warmup and fixed-turn batching
-(or, with `algorithm` grpo / dr_grpo / rloo / reinforce_pp, train/group_loop.py on episode groups).
+(or, with `algorithm` grpo / dr_grpo / rloo / reinforce_pp, train/group_loop.py on episode groups of
+an env, or of an agent-loop task: train/tasks.py).
 
     collect n_env x e_len turns  ->  per-turn rows  ->  score (logp_old, logp_ref, V)
     ->  token rewards (env reward on the last token, -beta * KL on every token)
@@ -26,17 +27,20 @@ from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, stop_
 from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
 from horizonrl.learner.warm_start import build_tiny_for_env, format_warm_start
 from horizonrl.report.metrics import MetricsLog, episode_metrics
+from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.train.batch import batch_metrics, estimate_advantages, prepare
 from horizonrl.train.checkpoint import save_checkpoint
 from horizonrl.train.group_loop import group_iterations
+from horizonrl.train.tasks import build_tiny_for_task, task_collector, task_warm_start
 from horizonrl.train.warmup import critic_warmup
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> Path:
     """Run a whole training job; returns the run folder runs/<name>-<time>/."""
     torch.manual_seed(cfg.seed)
-    envs = open_envs(cfg.env.id, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers, cfg.env.timeout_s)
+    envs = [] if cfg.task is not None else open_envs(cfg.env.id, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
+                                                     cfg.env.timeout_s)
     try:
         return _train(cfg, envs, progress)
     finally:
@@ -49,15 +53,20 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     ppo, rollout = cfg.ppo, cfg.rollout
 
     # Networks: the policy (loaded, or tiny + format warm start), a critic from its backbone, a frozen reference.
-    if cfg.model.path is None:
+    if cfg.model.path is not None:
+        tokenizer, actor = load_policy(cfg.model.path, device)
+    elif cfg.task is not None:
+        tokenizer, actor = build_tiny_for_task(cfg, device)
+    else:
         tokenizer, actor = build_tiny_for_env(env_registry.make(cfg.env.id, **cfg.env.kwargs), cfg.model.tiny,
                                               cfg.seed, device)
-    else:
-        tokenizer, actor = load_policy(cfg.model.path, device)
     agent = Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations, cfg.agent.history,
                   cfg.agent.feedback)
     if cfg.model.path is None and cfg.model.warm_start:
-        format_warm_start(actor, agent, envs, cfg.env.id, cfg.model.warm_start, rollout.e_len, cfg.seed)
+        if cfg.task is not None:
+            task_warm_start(actor, tokenizer, cfg)
+        else:
+            format_warm_start(actor, agent, envs, cfg.env.id, cfg.model.warm_start, rollout.e_len, cfg.seed)
     run_dir = make_run_dir(cfg)
     if cfg.model.path is None:
         save_checkpoint(run_dir / "init", actor, tokenizer)
@@ -75,7 +84,10 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
                             agent.stop_patterns)
     metrics_log = MetricsLog(run_dir / "metrics.jsonl")
     if cfg.algorithm != "ppo":
-        group_iterations(cfg, envs, agent, engine, params, actor, reference, actor_opt, actor_loss, pad_id, shuffle,
+        collector = (task_collector(cfg, tokenizer, engine, params) if cfg.task is not None else
+                     EpisodeGroupCollector(envs, cfg.env.id, agent, engine, params, cfg.group.group_size,
+                                           cfg.group.max_turns, load_reward_fn(cfg.group.reward_fn), cfg.seed))
+        group_iterations(cfg, collector, engine, actor, reference, actor_opt, actor_loss, pad_id, shuffle,
                          metrics_log, device, progress, tokenizer, run_dir)
         save_checkpoint(run_dir / "checkpoint", actor, tokenizer)
         return run_dir

@@ -1,0 +1,100 @@
+"""Agent-loop tasks in a training job: the objects a `task:` config section names, and the tiny
+model's tokenizer and warm start for a task.
+
+The tiny model learns the task's format from its teacher (a "module:function" that takes the tasks
+and returns a responder, prompt text -> response text): the tokenizer is trained on the text of
+teacher conversations rendered through the chat template, and the warm start fine-tunes on teacher
+episodes collected through the real agent loop, so its prompts are exactly those RL will use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from horizonrl.config import TaskConfig, TrainConfig
+from horizonrl.engines.base import Engine, SamplingParams
+from horizonrl.engines.scripted import ScriptedEngine
+from horizonrl.learner.sft import supervised_finetune
+from horizonrl.learner.tokenizer import train_bpe_tokenizer
+from horizonrl.learner.warm_start import build_tiny
+from horizonrl.records import Episode
+from horizonrl.rollout.agent_loop import AgentLoop
+from horizonrl.rollout.episode_groups import load_reward_fn
+from horizonrl.rollout.interaction import as_interaction
+from horizonrl.rollout.task_groups import TaskGroupCollector
+from horizonrl.samples.per_turn import per_turn
+from horizonrl.tools.registry import Tool, import_target, load_tools, tool_from_entry, tool_table
+
+log = logging.getLogger(__name__)
+CORPUS_TASKS = 256        # tasks whose teacher conversations train the tiny tokenizer
+DEMO_SEED = 10_000_019    # warm-start tasks come from seeds far from the training seeds
+
+
+def task_tools(references: list[str]) -> dict[str, Tool]:
+    """Tools by name from "module:name" references (a Tool or a plain function) and tools YAML files."""
+    tools: list[Tool] = []
+    for reference in references:
+        is_file = reference.endswith((".yaml", ".yml"))
+        tools += load_tools(reference) if is_file else [tool_from_entry({"function": reference})]
+    return tool_table(tools)
+
+
+def make_agent_loop(cfg: TrainConfig, tokenizer, engine: Engine, params: SamplingParams) -> AgentLoop:
+    task = cfg.task
+    interaction_factory = None
+    if task.interaction is not None:
+        provider = import_target(task.interaction)
+        interaction_factory = lambda: as_interaction(provider())  # noqa: E731  one per episode
+    return AgentLoop(tokenizer, engine, params, task_tools(task.tools), interaction_factory, task.feedback,
+                     cfg.group.max_turns, task.max_total_tokens, task.max_parallel_calls, task.tool_timeout_s,
+                     task.max_tool_response_tokens)
+
+
+def task_collector(cfg: TrainConfig, tokenizer, engine: Engine, params: SamplingParams) -> TaskGroupCollector:
+    return TaskGroupCollector(make_agent_loop(cfg, tokenizer, engine, params), import_target(cfg.task.source),
+                              cfg.group.group_size, load_reward_fn(cfg.group.reward_fn), cfg.seed)
+
+
+def teacher_episodes(cfg: TrainConfig, tokenizer, seeds: range) -> list[Episode]:
+    """The teacher's episodes on the tasks of `seeds`, through the real agent loop."""
+    make_task = import_target(cfg.task.source)
+    tasks = [make_task(seed) for seed in seeds]
+    engine = ScriptedEngine(tokenizer, import_target(teacher_reference(cfg.task))(tasks))
+    loop = make_agent_loop(cfg, tokenizer, engine, SamplingParams(max_tokens=cfg.rollout.max_tokens))
+    return asyncio.run(_run_all(loop, tasks))
+
+
+async def _run_all(loop: AgentLoop, tasks) -> list[Episode]:
+    return list(await asyncio.gather(*(loop.run(task, task.task_id) for task in tasks)))
+
+
+def teacher_reference(task: TaskConfig) -> str:
+    if task.teacher is None:
+        raise ValueError("task.teacher is needed to build a tiny model for a task (or set model.path)")
+    return task.teacher
+
+
+def build_tiny_for_task(cfg: TrainConfig, device):
+    """(tokenizer, model) for the task: a first tokenizer on the tasks' own text renders teacher
+    conversations (chat template, tool schemas, tool responses); the final one is trained on both."""
+    make_task = import_target(cfg.task.source)
+    tasks = [make_task(DEMO_SEED + seed) for seed in range(CORPUS_TASKS)]
+    texts = [message["content"] for task in tasks for message in task.messages]
+    draft = train_bpe_tokenizer(texts, cfg.model.tiny.vocab_size)
+    conversations = teacher_episodes(cfg, draft, range(DEMO_SEED, DEMO_SEED + CORPUS_TASKS))
+    texts += [draft.decode(e.turns[-1].prompt_ids + e.turns[-1].response_ids) for e in conversations]
+    return build_tiny(texts, cfg.model.tiny, cfg.seed, device)
+
+
+def task_warm_start(model, tokenizer, cfg: TrainConfig) -> list[float]:
+    """Fine-tune `model` in place on teacher episodes; returns the loss of every step."""
+    warm_start = cfg.model.warm_start
+    n_tasks = warm_start.iterations * cfg.group.n_tasks * cfg.group.group_size
+    demos = teacher_episodes(cfg, tokenizer, range(DEMO_SEED, DEMO_SEED + n_tasks))
+    losses = supervised_finetune(model, per_turn(demos), tokenizer.pad_token_id, warm_start.steps,
+                                 warm_start.batch_size, warm_start.lr, seed=cfg.seed)
+    if losses:
+        log.info("task warm start: %d teacher turns, loss %.3f -> %.3f",
+                 sum(len(e.turns) for e in demos), losses[0], losses[-1])
+    return losses
