@@ -85,8 +85,9 @@ class AgentConfig(Section):
 
     @model_validator(mode="after")
     def _continuation_needs_full_history(self) -> AgentConfig:
-        if self.feedback == "continuation" and self.history != "full":
-            raise ValueError("feedback=continuation needs history=full")
+        from horizonrl.agents.agent import check_feedback
+
+        check_feedback(self.history, self.feedback)
         return self
 
 
@@ -182,10 +183,12 @@ class TrainConfig(Section):
         return {"merge": self.merge, "mismatch_log": run_dir / "merge_mismatches.jsonl" if self.merge.debug else None}
 
     @model_validator(mode="after")
-    def _task_needs_group_algorithm(self) -> TrainConfig:
+    def _task_fits(self) -> TrainConfig:
         if self.task is not None and self.algorithm == "ppo":
             raise ValueError("task: agent-loop tasks train with a group algorithm (grpo, dr_grpo, rloo, "
                              "reinforce_pp), not ppo")
+        if self.task is not None and self.model.path is None and self.task.teacher is None:
+            raise ValueError("task.teacher is needed to build a tiny model for a task (or set model.path)")
         return self
 
     @model_validator(mode="after")

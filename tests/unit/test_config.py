@@ -27,6 +27,8 @@ def test_dotted_overrides_are_parsed_as_yaml():
     (["env.kwargs.stone=3"], "env: kwargs do not fit env 'river': got an unexpected keyword argument 'stone'"),
     (["novalue"], "override 'novalue' is not of the form key=value"),
     (["task.source=horizonrl.tasks.arithmetic:make_task"], "agent-loop tasks train with a group algorithm"),
+    (["algorithm=grpo", "task.source=horizonrl.tasks.arithmetic:make_task"],
+     "task.teacher is needed to build a tiny model for a task (or set model.path)"),
     (["agent.feedback=continuation"], "agent: feedback=continuation needs history=full"),
 ])
 def test_bad_values_name_the_key(override, message):

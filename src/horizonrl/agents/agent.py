@@ -29,9 +29,7 @@ class Agent:
     feedback: str = "new_round"
 
     def __post_init__(self):
-        if self.feedback == "continuation" and self.history != "full":
-            raise ValueError("feedback=continuation extends the assistant message token for token: it needs "
-                             "history=full")
+        check_feedback(self.history, self.feedback)
 
     @property
     def stop_patterns(self) -> tuple[str, ...]:
@@ -64,6 +62,12 @@ class Agent:
         text = self.tokenizer.decode(response_ids, skip_special_tokens=True)
         decision = decide(text, env.actions, env.default_action, {**env.translations, **self.translations})
         return decision, plan_text(decision.think, decision.action)
+
+
+def check_feedback(history: str, feedback: str) -> None:
+    """Continuation feedback extends the assistant message token for token: only with full history."""
+    if feedback == "continuation" and history != "full":
+        raise ValueError("feedback=continuation needs history=full")
 
 
 def new_round_ids(tokenizer, messages: list[dict], closed: bool = True) -> list[int]:

@@ -14,7 +14,6 @@ episode's return.
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Callable
 
 from horizonrl.agents.agent import Agent
@@ -22,6 +21,7 @@ from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
+from horizonrl.tools.registry import import_target
 
 RewardFn = Callable[[Episode], float]
 
@@ -34,10 +34,9 @@ def load_reward_fn(path: str | None) -> RewardFn:
     """"module:function" -> the function; None -> the episode return."""
     if path is None:
         return episode_return
-    module, _, name = path.partition(":")
     try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as error:
+        return import_target(path)
+    except ValueError as error:
         raise ValueError(f"reward function {path!r} cannot be loaded: {error}") from None
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from horizonrl.config import TaskConfig, TrainConfig
+from horizonrl.config import TrainConfig
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.learner.tokenizer import train_bpe_tokenizer
 from horizonrl.learner.warm_start import build_tiny
-from horizonrl.records import Episode
+from horizonrl.records import Episode, Task
 from horizonrl.rollout.agent_loop import AgentLoop
 from horizonrl.rollout.episode_groups import load_reward_fn
 from horizonrl.rollout.interaction import as_interaction
@@ -56,11 +56,15 @@ def task_collector(cfg: TrainConfig, tokenizer, engine: Engine, params: Sampling
                               cfg.group.group_size, load_reward_fn(cfg.group.reward_fn), cfg.seed)
 
 
-def teacher_episodes(cfg: TrainConfig, tokenizer, seeds: range) -> list[Episode]:
-    """The teacher's episodes on the tasks of `seeds`, through the real agent loop."""
+def demo_tasks(cfg: TrainConfig, n_tasks: int) -> list[Task]:
+    """The first `n_tasks` tasks of the teacher's seed range."""
     make_task = import_target(cfg.task.source)
-    tasks = [make_task(seed) for seed in seeds]
-    engine = ScriptedEngine(tokenizer, import_target(teacher_reference(cfg.task))(tasks))
+    return [make_task(DEMO_SEED + seed) for seed in range(n_tasks)]
+
+
+def teacher_episodes(cfg: TrainConfig, tokenizer, tasks: list[Task]) -> list[Episode]:
+    """The teacher's episodes on `tasks`, through the real agent loop."""
+    engine = ScriptedEngine(tokenizer, import_target(cfg.task.teacher)(tasks))
     loop = make_agent_loop(cfg, tokenizer, engine, SamplingParams(max_tokens=cfg.rollout.max_tokens))
     return asyncio.run(_run_all(loop, tasks))
 
@@ -69,20 +73,13 @@ async def _run_all(loop: AgentLoop, tasks) -> list[Episode]:
     return list(await asyncio.gather(*(loop.run(task, task.task_id) for task in tasks)))
 
 
-def teacher_reference(task: TaskConfig) -> str:
-    if task.teacher is None:
-        raise ValueError("task.teacher is needed to build a tiny model for a task (or set model.path)")
-    return task.teacher
-
-
 def build_tiny_for_task(cfg: TrainConfig, device):
     """(tokenizer, model) for the task: a first tokenizer on the tasks' own text renders teacher
     conversations (chat template, tool schemas, tool responses); the final one is trained on both."""
-    make_task = import_target(cfg.task.source)
-    tasks = [make_task(DEMO_SEED + seed) for seed in range(CORPUS_TASKS)]
+    tasks = demo_tasks(cfg, CORPUS_TASKS)
     texts = [message["content"] for task in tasks for message in task.messages]
     draft = train_bpe_tokenizer(texts, cfg.model.tiny.vocab_size)
-    conversations = teacher_episodes(cfg, draft, range(DEMO_SEED, DEMO_SEED + CORPUS_TASKS))
+    conversations = teacher_episodes(cfg, draft, tasks)
     texts += [draft.decode(e.turns[-1].prompt_ids + e.turns[-1].response_ids) for e in conversations]
     return build_tiny(texts, cfg.model.tiny, cfg.seed, device)
 
@@ -91,7 +88,7 @@ def task_warm_start(model, tokenizer, cfg: TrainConfig) -> list[float]:
     """Fine-tune `model` in place on teacher episodes; returns the loss of every step."""
     warm_start = cfg.model.warm_start
     n_tasks = warm_start.iterations * cfg.group.n_tasks * cfg.group.group_size
-    demos = teacher_episodes(cfg, tokenizer, range(DEMO_SEED, DEMO_SEED + n_tasks))
+    demos = teacher_episodes(cfg, tokenizer, demo_tasks(cfg, n_tasks))
     losses = supervised_finetune(model, per_turn(demos), tokenizer.pad_token_id, warm_start.steps,
                                  warm_start.batch_size, warm_start.lr, seed=cfg.seed)
     if losses:
