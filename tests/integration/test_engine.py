@@ -1,7 +1,9 @@
-"""The hf engine: batching, sampling controls, and log-probs that the learner reproduces."""
+"""The hf engine: continuous batching, sampling controls, and log-probs that the learner reproduces."""
 
 import asyncio
+import contextlib
 import re
+import threading
 
 import pytest
 import torch
@@ -23,11 +25,23 @@ def generate_all(engine, prompts, params):
     return asyncio.run(run())
 
 
-def test_engine_logprobs_equal_learner_logprobs(river_tiny):
-    tokenizer, model = river_tiny
-    engine = HFEngine(model, tokenizer.pad_token_id, seed=1)
-    prompts = prompts_of(tokenizer, 6)      # different lengths: left padding in the engine
-    generations = generate_all(engine, prompts, SamplingParams(max_tokens=12, temperature=1.0))
+@contextlib.contextmanager
+def forward_shapes(model):
+    """Record (rows, new tokens, attention width) of every forward pass of `model`: a prefill has
+    new tokens = width, a decode step new tokens = 1."""
+    shapes = []
+
+    def record(module, args, kwargs):
+        shapes.append((*kwargs["input_ids"].shape, kwargs["attention_mask"].shape[1]))
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        yield shapes
+    finally:
+        handle.remove()
+
+
+def assert_learner_reproduces_logprobs(model, tokenizer, prompts, generations):
     rows = [p + g.token_ids for p, g in zip(prompts, generations)]
     masks = [[0] * len(p) + [1] * len(g.token_ids) for p, g in zip(prompts, generations)]
     input_ids = pad(rows, tokenizer.pad_token_id, torch.long)
@@ -38,6 +52,14 @@ def test_engine_logprobs_equal_learner_logprobs(river_tiny):
     for row, (p, g) in enumerate(zip(prompts, generations)):
         learner = logp[row, len(p):len(p) + len(g.token_ids)]
         assert torch.allclose(learner, torch.tensor(g.logprobs), atol=1e-4, rtol=0), (learner, g.logprobs)
+
+
+def test_engine_logprobs_equal_learner_logprobs(river_tiny):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=1)
+    prompts = prompts_of(tokenizer, 6)      # different lengths: left padding in the engine
+    generations = generate_all(engine, prompts, SamplingParams(max_tokens=12, temperature=1.0))
+    assert_learner_reproduces_logprobs(model, tokenizer, prompts, generations)
 
 
 def test_temperature_is_part_of_the_sampling_distribution(river_tiny):
@@ -52,14 +74,76 @@ def test_temperature_is_part_of_the_sampling_distribution(river_tiny):
     assert torch.allclose(logp[0, len(prompt):], torch.tensor(g.logprobs), atol=1e-4, rtol=0)
 
 
-def test_pending_requests_are_batched_together(river_tiny, monkeypatch):
+def test_pending_requests_are_prefilled_together_up_to_max_batch_size(river_tiny):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id, max_batch_size=4)
+    with forward_shapes(model) as shapes:
+        generations = generate_all(engine, prompts_of(tokenizer, 5), SamplingParams(max_tokens=3))
+    assert [len(g.token_ids) for g in generations] == [3] * 5
+    # Four rows: prefill + 2 decode passes (the 3rd token needs none); the fifth waits for a free row.
+    assert [rows for rows, _, _ in shapes] == [4, 4, 4, 1, 1, 1]
+
+
+def test_a_request_arriving_mid_decode_joins_the_batch_and_leaves_it_when_done(river_tiny):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=5)
+    long_prompt, short_prompt = prompts_of(tokenizer, 2)  # the short request has the wider prompt
+    assert len(short_prompt) > len(long_prompt)
+    submitted = threading.Event()
+
+    def hold_third_pass(module, args, kwargs):  # the worker waits until the short request is queued
+        if len(shapes) == 3:
+            assert submitted.wait(timeout=30)
+
+    async def run():
+        long = asyncio.create_task(engine.generate(long_prompt, SamplingParams(max_tokens=40)))
+        while len(shapes) < 3:
+            await asyncio.sleep(0.001)
+        short = asyncio.create_task(engine.generate(short_prompt, SamplingParams(max_tokens=3)))
+        await asyncio.sleep(0)   # the short request is pending
+        submitted.set()
+        done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {short} and len(shapes) < 41   # the long one is still decoding
+        return await long, await short
+
+    with forward_shapes(model) as shapes:
+        handle = model.register_forward_pre_hook(hold_third_pass, with_kwargs=True)
+        try:
+            long, short = asyncio.run(run())
+        finally:
+            handle.remove()
+    assert len(long.token_ids) == 40 and len(short.token_ids) == 3
+    # Prefill, 2 decode passes alone, the short prompt's prefill, 2 passes together, then alone again:
+    # 41 passes where one request after the other would take 43.
+    assert [(rows, new) for rows, new, _ in shapes] == (
+        [(1, len(long_prompt)), (1, 1), (1, 1), (1, len(short_prompt)), (2, 1), (2, 1)] + [(1, 1)] * 35)
+    # Once the short row left, the padding it imposed on the long row is gone.
+    assert shapes[-1][2] == len(long_prompt) + 39
+
+
+def test_requests_admitted_at_different_times_get_what_they_get_alone(river_tiny):
     tokenizer, model = river_tiny
     engine = HFEngine(model, tokenizer.pad_token_id)
-    sizes = []
-    original = engine.generate_batch
-    monkeypatch.setattr(engine, "generate_batch", lambda p, s: sizes.append(len(p)) or original(p, s))
-    generate_all(engine, prompts_of(tokenizer, 5), SamplingParams(max_tokens=3))
-    assert sizes == [5]
+    prompts = prompts_of(tokenizer, 4)    # widths 1x, 2x, 3x, 1x: newcomers wider and narrower
+    params = [SamplingParams(max_tokens=n, temperature=0.0) for n in (30, 6, 14, 9)]
+
+    async def arrive(i):      # request i arrives after 4 * i forward passes
+        while len(shapes) < 4 * i:
+            await asyncio.sleep(0.001)
+        return await engine.generate(prompts[i], params[i])
+
+    async def run():
+        return await asyncio.gather(*(arrive(i) for i in range(4)))
+
+    with forward_shapes(model) as shapes:
+        staggered = asyncio.run(run())
+    prefills = [rows for rows, new, _ in shapes if new > 1]
+    assert len(prefills) >= 2 and any(rows > 1 for rows, new, _ in shapes if new == 1)   # joined
+    for prompt, p, generation in zip(prompts, params, staggered):
+        (alone,) = engine.generate_batch([prompt], [p])
+        assert generation.token_ids == alone.token_ids and len(alone.token_ids) == p.max_tokens
+        assert generation.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
+    assert_learner_reproduces_logprobs(model, tokenizer, prompts, staggered)
 
 
 def test_max_tokens_stop_ids_and_finish_reason(river_tiny):
@@ -117,8 +201,13 @@ def test_engine_errors_reach_every_waiting_request(river_tiny):
     with pytest.raises(ValueError, match="prompt_ids is empty"):
         generate_all(engine, [[]], SamplingParams())
     too_big = [len(tokenizer) + 5]     # an id the model cannot embed
-    with pytest.raises(IndexError):
-        generate_all(engine, [too_big, too_big], SamplingParams(max_tokens=2))
+
+    async def both():
+        return await asyncio.gather(*(engine.generate(too_big, SamplingParams(max_tokens=2)) for _ in range(2)),
+                                    return_exceptions=True)
+    assert [type(e) for e in asyncio.run(both())] == [IndexError, IndexError]
+    (after,) = generate_all(engine, prompts_of(tokenizer, 1), SamplingParams(max_tokens=2))  # still serving
+    assert len(after.token_ids) == 2
 
 
 def test_stop_patterns_end_a_response_at_the_token_that_completes_a_match(river_tiny):
