@@ -1,12 +1,13 @@
 """Rollout throughput of the continuously batched hf engine against lockstep batches; prints one JSON object.
 
-    python benchmarks/rollout.py [--streams 16] [--turns 6] [--repeats 5]
+    python benchmarks/rollout.py [--streams 16] [--turns 8] [--repeats 5] [--workload long_tailed|uniform]
 
 Workload (one seed, so every mode runs the same one): N streams of K turns on the toy-size tiny model
 (random weights). Turn k of a stream samples a response to the stream's prompt (its first prompt, 32..96
 tokens, then every response and observation so far, so it grows with the turn); the response has
-exactly max_tokens tokens, drawn from 4..48 per stream and turn (no stop ids). Then the env steps: it
-sleeps 0..60 ms, drawn per stream and turn, and returns an observation of 8..24 tokens.
+exactly max_tokens tokens, drawn per stream and turn (no stop ids). Then the env steps: it sleeps for a
+latency drawn per stream and turn and returns an observation of 8..24 tokens. See `make_workload` for
+the two distributions.
 
 Measures, as medians over the repeats: (1) env steps/s of the async engine (every stream its own task:
 generate -> step -> generate ...) against lockstep (all prompts in one `generate_batch`, then all envs
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
 import random
 import statistics
 import time
@@ -49,14 +51,22 @@ class Stream:
     turns: list[Turn]
 
 
-def make_workload(streams: int, turns: int, vocab: int, seed: int = 0) -> list[Stream]:
+def make_workload(streams: int, turns: int, vocab: int, long_tailed: bool, seed: int = 0) -> list[Stream]:
+    """Response lengths and env latencies drawn per stream and turn: uniform (4..48 tokens, 0..60 ms) or
+    long-tailed as agent rollouts are (log-normal: median 12 tokens, clipped to 2..64 = max_tokens;
+    median 10 ms, clipped to 0.5 s)."""
     rng = random.Random(seed)
 
     def ids(n: int) -> list[int]:
         return [rng.randrange(3, vocab) for _ in range(n)]  # 0..2: pad, bos, eos
 
     def turn() -> Turn:
-        return Turn(rng.randint(4, 48), rng.uniform(0.0, 0.06), ids(rng.randint(8, 24)))
+        if long_tailed:
+            length = min(64, max(2, round(rng.lognormvariate(math.log(12), 0.8))))
+            latency = min(0.5, rng.lognormvariate(math.log(0.01), 1.0))
+        else:
+            length, latency = rng.randint(4, 48), rng.uniform(0.0, 0.06)
+        return Turn(length, latency, ids(rng.randint(8, 24)))
 
     return [Stream(ids(rng.randint(32, 96)), [turn() for _ in range(turns)]) for _ in range(streams)]
 
@@ -117,12 +127,13 @@ def ceiling_request(model, workload: list[Stream]) -> tuple[torch.Tensor, int]:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--streams", type=int, default=16)
-    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--workload", choices=["long_tailed", "uniform"], default="long_tailed")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer, model = build_tiny_for_env(envs.make("river"), TinyModel(), seed=0, device=torch.device("cpu"))
-    workload = make_workload(args.streams, args.turns, len(tokenizer))
+    workload = make_workload(args.streams, args.turns, len(tokenizer), args.workload == "long_tailed")
     pad_id, steps = tokenizer.pad_token_id, args.streams * args.turns
     tokens = sum(t.max_tokens for s in workload for t in s.turns)
 
@@ -139,7 +150,7 @@ def main():
     seconds = median_seconds(runs, args.repeats)
     ceiling = ceiling_ids.shape[0] * ceiling_tokens / seconds["ceiling"]
     result = {
-        "streams": args.streams, "turns": args.turns, "generated_tokens": tokens,
+        "workload": args.workload, "streams": args.streams, "turns": args.turns, "generated_tokens": tokens,
         # lockstep waits for the slowest stream of every turn: its decode steps and its env wait
         "lockstep/decode_steps": sum(max(s.turns[k].max_tokens for s in workload) for k in range(args.turns)),
         "lockstep/env_wait_s": sum(max(s.turns[k].latency_s for s in workload) for k in range(args.turns)),

@@ -98,6 +98,7 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_batch_size: int = Field(256, gt=0)
+    prefix_cache_tokens: int = Field(65536, ge=0, description="KV of ended sequences kept for prompts that extend them")
 
 
 class PPOConfig(Section):

@@ -84,9 +84,10 @@ def test_pending_requests_are_prefilled_together_up_to_max_batch_size(river_tiny
     assert [rows for rows, _, _ in shapes] == [4, 4, 4, 1, 1, 1]
 
 
-def test_a_request_arriving_mid_decode_joins_the_batch_and_leaves_it_when_done(river_tiny):
+@pytest.mark.parametrize("shared_pass", [True, False])
+def test_a_request_arriving_mid_decode_joins_the_batch_and_leaves_it_when_done(river_tiny, shared_pass):
     tokenizer, model = river_tiny
-    engine = HFEngine(model, tokenizer.pad_token_id, seed=5)
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=5, max_padding_tokens=512 if shared_pass else 0)
     long_prompt, short_prompt = prompts_of(tokenizer, 2)  # the short request has the wider prompt
     assert len(short_prompt) > len(long_prompt)
     submitted = threading.Event()
@@ -103,7 +104,7 @@ def test_a_request_arriving_mid_decode_joins_the_batch_and_leaves_it_when_done(r
         await asyncio.sleep(0)   # the short request is pending
         submitted.set()
         done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
-        assert done == {short} and len(shapes) < 41   # the long one is still decoding
+        assert done == {short} and len(shapes) < 39   # the long one is still decoding
         return await long, await short
 
     with forward_shapes(model) as shapes:
@@ -113,12 +114,14 @@ def test_a_request_arriving_mid_decode_joins_the_batch_and_leaves_it_when_done(r
         finally:
             handle.remove()
     assert len(long.token_ids) == 40 and len(short.token_ids) == 3
-    # Prefill, 2 decode passes alone, the short prompt's prefill, 2 passes together, then alone again:
-    # 41 passes where one request after the other would take 43.
+    # Prefill, 2 decode passes alone, then the short prompt runs in the same pass as the long row's
+    # next token (or, when that would pad the long row too much, in a pass of its own), 2 passes
+    # together, then alone again: 40 (41) passes where one request after the other would take 43.
+    admission = [(2, len(short_prompt))] if shared_pass else [(1, len(short_prompt)), (1, 1)]
     assert [(rows, new) for rows, new, _ in shapes] == (
-        [(1, len(long_prompt)), (1, 1), (1, 1), (1, len(short_prompt)), (2, 1), (2, 1)] + [(1, 1)] * 35)
-    # Once the short row left, the padding it imposed on the long row is gone.
-    assert shapes[-1][2] == len(long_prompt) + 39
+        [(1, len(long_prompt)), (1, 1), (1, 1)] + admission + [(2, 1), (2, 1)] + [(1, 1)] * 34)
+    # The padding the shared pass gave the long row stays only while it is under a quarter of its width.
+    assert len(long_prompt) + 39 <= shapes[-1][2] <= 1.25 * (len(long_prompt) + 39)
 
 
 def test_requests_admitted_at_different_times_get_what_they_get_alone(river_tiny):
@@ -144,6 +147,57 @@ def test_requests_admitted_at_different_times_get_what_they_get_alone(river_tiny
         assert generation.token_ids == alone.token_ids and len(alone.token_ids) == p.max_tokens
         assert generation.logprobs == pytest.approx(alone.logprobs, abs=1e-4)
     assert_learner_reproduces_logprobs(model, tokenizer, prompts, staggered)
+
+
+def multi_turn(engine, prompts, params, turns):
+    """Every prompt is a stream: its next prompt is its last prompt + response + an observation."""
+    observation = [7, 8, 9]
+
+    async def stream(prompt):
+        generations = []
+        for _ in range(turns):
+            generations.append(await engine.generate(prompt, params))
+            prompt = prompt + generations[-1].token_ids + observation
+        return prompt, generations
+
+    async def run():
+        return await asyncio.gather(*(stream(p) for p in prompts))
+    return asyncio.run(run())
+
+
+def test_a_prompt_extending_an_ended_sequence_prefills_only_its_new_tokens(river_tiny):
+    tokenizer, model = river_tiny
+    prompts, greedy = prompts_of(tokenizer, 3), SamplingParams(max_tokens=5, temperature=0.0)
+    without = multi_turn(HFEngine(model, tokenizer.pad_token_id, prefix_cache_tokens=0), prompts, greedy, 3)
+    engine = HFEngine(model, tokenizer.pad_token_id)
+    with forward_shapes(model) as shapes:
+        streams = multi_turn(engine, prompts, greedy, 3)
+    for (final, generations), (_, reference) in zip(streams, without):
+        for g, r in zip(generations, reference):
+            assert g.token_ids == r.token_ids and g.logprobs == pytest.approx(r.logprobs, abs=1e-4)
+        last_prompt = final[:-len(generations[-1].token_ids) - 3]
+        assert_learner_reproduces_logprobs(model, tokenizer, [last_prompt], [generations[-1]])
+    # Turns 2 and 3 of each stream prefill the last response token + the observation (4 tokens) over
+    # the kept KV; only the first prompts are prefilled whole.
+    assert sum(rows for rows, new, _ in shapes if new == 4) == 6
+    assert sum(rows for rows, new, _ in shapes if new > 4) == 3
+    # New weights make the kept KV stale: it is dropped.
+    engine.sync_weights(model)
+    with forward_shapes(model) as shapes:
+        asyncio.run(engine.generate(streams[0][0], greedy))
+    assert shapes[0][1] == len(streams[0][0])
+
+
+def test_kept_prefixes_stay_within_their_token_budget(river_tiny):
+    tokenizer, model = river_tiny
+    kept = [len(p) + 4 for p in prompts_of(tokenizer, 3)]   # prompt + response but its last token
+    engine = HFEngine(model, tokenizer.pad_token_id, prefix_cache_tokens=kept[1] + kept[2])
+    for prompt in prompts_of(tokenizer, 3):   # one after the other: the third pushes out the first
+        asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=5)))
+    assert [len(p.token_ids) for p in engine._prefixes] == kept[1:]
+    small = HFEngine(model, tokenizer.pad_token_id, prefix_cache_tokens=kept[0] - 1)
+    asyncio.run(small.generate(prompts_of(tokenizer, 1)[0], SamplingParams(max_tokens=5)))
+    assert small._prefixes == []   # a sequence longer than the whole budget is not kept
 
 
 def test_max_tokens_stop_ids_and_finish_reason(river_tiny):

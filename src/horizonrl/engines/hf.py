@@ -1,10 +1,12 @@
 """In-process engine: a transformers causal LM sampling with a KV cache, continuously batched.
 
 One worker thread owns the running batch (left padding, explicit position ids, one KV cache) and
-loops over decode steps while the event loop keeps stepping envs. Before every step it admits the
-requests that arrived meanwhile (prefilled as their own batch, then joined to the running cache);
+loops over decode steps while the event loop keeps stepping envs. Every step admits the requests
+that arrived meanwhile: their prompts run in the same forward pass as the running rows' next tokens;
 after every step the responses that ended leave the batch and their futures resolve at once. So a
-long response or a slow env holds back only its own stream. We sample with our own loop rather than
+long response or a slow env holds back only its own stream. The KV of every ended sequence is kept
+(up to a token budget, until the weights change): a later prompt that extends it, as a multi-turn
+stream's next prompt extends its last prompt and response, prefills only the new tokens. We sample with our own loop rather than
 `model.generate` because each request has its own max_tokens / temperature / top_p / stop ids and we
 need the exact log-probs of the sampled ids under the sampling distribution.
 
@@ -43,23 +45,29 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
 
 
+@dataclass(eq=False)
+class _Prefix:
+    """The KV of `token_ids`: one (keys, values) pair per layer, each [1, heads, len(token_ids), dim]."""
+
+    token_ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+
+
 @dataclass
 class _Batch:
-    """Requests decoded together, aligned on the right: row b's prompt and response so far fill the
-    last attention[b].sum() columns of `attention` and of every cache layer (padding before them),
-    the width is that of the longest row, `positions[b]` is the position id of row b's last token
-    and `logits[b]` predicts its next token."""
+    """Requests decoded together. Row b's prompt and response so far are the columns where
+    attention[b] is 1 (in order; the last column is always one of them) of `attention` and of every
+    cache layer, and `logits[b]` predicts its next token (None for rows whose prompt has not run yet)."""
 
     requests: list[_Request]
     cache: DynamicCache
     attention: torch.Tensor  # [B, T]
-    positions: torch.Tensor  # [B, 1]
-    logits: torch.Tensor  # [B, vocab], float32
+    logits: torch.Tensor | None  # [B, vocab], float32
     temperature: torch.Tensor = field(init=False)
     top_p: torch.Tensor = field(init=False)
 
     def __post_init__(self):
-        device = self.logits.device
+        device = self.attention.device
         self.temperature = torch.tensor([r.params.temperature for r in self.requests], device=device)
         self.top_p = torch.tensor([r.params.top_p for r in self.requests], device=device)
 
@@ -68,14 +76,19 @@ class HFEngine:
     """Engine over a transformers causal LM held in this process.
 
     The engine can share the learner's actor module (then `sync_weights` has nothing to copy) or own
-    a separate copy (then `sync_weights` loads the actor's state dict). `tokenizer` decodes responses
-    for requests with `stop_patterns`. At most `max_batch_size` requests decode at once; the others
-    wait for a row to free up. Sampling draws from the seeded `generator` in batch order, so which
+    a separate copy (then `sync_weights` loads the actor's state dict); call it between rollouts, never
+    during one. `tokenizer` decodes responses for requests with `stop_patterns`. At most
+    `max_batch_size` requests decode at once; the others wait for a row to free up. The KV of ended
+    sequences is kept for prompts that extend them, at most `prefix_cache_tokens` tokens in all (the
+    oldest go first; 0 turns this off). Newcomers' prompts run in the same forward pass as the running
+    rows' next tokens unless that would pad the running rows with more than `max_padding_tokens`
+    tokens in all; then they run in a pass of their own. Sampling draws from the seeded `generator` in batch order, so which
     requests share a step (arrival timing) decides which draws each one gets.
     """
 
     def __init__(self, model, pad_id: int, max_batch_size: int = 256, seed: int = 0,
-                 autocast_dtype: torch.dtype | None = None, tokenizer=None):
+                 autocast_dtype: torch.dtype | None = None, tokenizer=None, prefix_cache_tokens: int = 65536,
+                 max_padding_tokens: int = 32):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.pad_id = pad_id
@@ -83,6 +96,9 @@ class HFEngine:
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
         self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.prefix_cache_tokens = prefix_cache_tokens
+        self.max_padding_tokens = max_padding_tokens
+        self._prefixes: list[_Prefix] = []  # oldest first; used by whichever thread decodes
         self._lock = threading.Lock()  # guards _pending and _working, shared with the worker thread
         self._pending: list[_Request] = []
         self._working = False  # a worker thread is running, or starting
@@ -104,8 +120,10 @@ class HFEngine:
         return await future
 
     def sync_weights(self, model) -> None:
+        """Sample from `model`'s weights from now on; the kept KV, computed with the old ones, goes."""
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
+        self._prefixes = []
 
     async def _serve(self) -> None:
         await asyncio.sleep(0)  # every stream that is ready submits before the first prefill
@@ -113,14 +131,11 @@ class HFEngine:
 
     def _run(self) -> None:
         """Worker thread: decode until nothing is running or pending, admitting the pending requests
-        before every step and resolving each future as soon as its response ends."""
+        at every step and resolving each future as soon as its response ends."""
         batch = None
         while (newcomers := self._admit(batch)) is not None:
             try:
-                if newcomers:
-                    fresh = self._prefill(newcomers)
-                    batch = fresh if batch is None else _join(batch, fresh)
-                batch, finished = self._step(batch)
+                batch, finished = self._step(batch, newcomers)
             except Exception as error:  # every request the engine holds learns about it
                 for request in {*newcomers, *(batch.requests if batch else ())}:
                     _settle(request.future, error)
@@ -144,47 +159,86 @@ class HFEngine:
     def generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         """Sample a response for every prompt in one padded batch, run to completion."""
         requests = [_Request(list(prompt), p) for prompt, p in zip(prompts, params)]
-        batch, results = self._prefill(requests), {}
+        batch, results = self._step(None, requests)[0], {}
         while batch is not None:
-            batch, finished = self._step(batch)
+            batch, finished = self._step(batch, [])
             results.update(finished)
         return [results[request] for request in requests]
 
     @torch.inference_mode()
-    def _prefill(self, requests: list[_Request]) -> _Batch:
-        """The requests' prompts, left-padded to the longest, run through the model."""
-        width = max(len(r.prompt_ids) for r in requests)
-        padding = [width - len(r.prompt_ids) for r in requests]
-        input_ids = torch.tensor([[self.pad_id] * n + r.prompt_ids for n, r in zip(padding, requests)],
-                                 device=self.device)
-        attention = torch.tensor([[0] * n + [1] * (width - n) for n in padding], device=self.device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        logits = self._forward(input_ids, attention, positions, cache, logits_to_keep=1)
-        return _Batch(requests, cache, attention, positions[:, -1:], logits)
-
-    @torch.inference_mode()
-    def _step(self, batch: _Batch) -> tuple[_Batch | None, list[tuple[_Request, Generation]]]:
-        """Sample one token for every row. Returns the rows still running, advanced by one forward
-        pass (None when every row ended), and the requests that ended with their Generation."""
-        token, logprob = sample(batch.logits, batch.temperature, batch.top_p, self.generator)
-        running, finished = [], []
-        for row, (request, t, lp) in enumerate(zip(batch.requests, token.tolist(), logprob.tolist())):
-            request.token_ids.append(t)
-            request.logprobs.append(lp)
-            reason = self._finish_reason(request)
-            if reason is None:
-                running.append(row)
-            else:
+    def _step(self, batch: _Batch | None, newcomers: list[_Request]
+              ) -> tuple[_Batch | None, list[tuple[_Request, Generation]]]:
+        """Sample one token for every row of `batch`; the requests that ended leave with their
+        Generation. Then one forward pass runs the other rows' new tokens and the newcomers' prompts.
+        Returns the batch after it (None when no row is left) and the ended requests."""
+        running, finished, tokens = [], [], []
+        if batch is not None:
+            token, logprob = sample(batch.logits, batch.temperature, batch.top_p, self.generator)
+            for row, (request, t, lp) in enumerate(zip(batch.requests, token.tolist(), logprob.tolist())):
+                request.token_ids.append(t)
+                request.logprobs.append(lp)
+                reason = self._finish_reason(request)
+                if reason is None:
+                    running.append(row)
+                    tokens.append([t])
+                    continue
                 finished.append((request, Generation(request.token_ids, request.logprobs, reason)))
-        if not running:
+                if self.prefix_cache_tokens:
+                    self._keep_prefix(batch, row)
+        if not running and not newcomers:
             return None, finished
-        if finished:
-            batch, token = _select(batch, running), token[running]
-        batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(running), 1))], dim=1)
-        batch.positions = batch.positions + 1
-        batch.logits = self._forward(token[:, None], batch.attention, batch.positions, batch.cache)
-        return batch, finished
+        batch = _select(batch, running) if running else None
+        prefixes = [self._take_prefix(r.prompt_ids) for r in newcomers]
+        prompts = [r.prompt_ids[len(p.token_ids) if p else 0:] for r, p in zip(newcomers, prefixes)]
+        if running and newcomers and len(running) * (max(map(len, prompts)) - 1) > self.max_padding_tokens:
+            # the running rows would pad to the newcomers' prompts: run them in a pass of their own
+            fresh = self._forward(_prefix_batch(newcomers, prefixes, self.device), prompts)
+            return _join(self._forward(batch, tokens), fresh), finished
+        if newcomers:
+            fresh = _prefix_batch(newcomers, prefixes, self.device)
+            batch = _join(batch, fresh) if batch else fresh
+        return self._forward(batch, tokens + prompts), finished
+
+    def _forward(self, batch: _Batch, new_tokens: list[list[int]]) -> _Batch:
+        """`batch` with row b extended by new_tokens[b] (right-aligned, padding before them) and run
+        through the model: the cache gains their KV and `logits` predicts each row's next token."""
+        width = max(map(len, new_tokens))
+        input_ids = torch.tensor([[self.pad_id] * (width - len(t)) + t for t in new_tokens], device=self.device)
+        new_attention = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in new_tokens], device=self.device)
+        attention = torch.cat([batch.attention, new_attention], dim=1)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -width:]
+        autocast = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype
+                    else contextlib.nullcontext())
+        with autocast:
+            out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                             past_key_values=batch.cache, use_cache=True, logits_to_keep=1)
+        return _compact(_Batch(batch.requests, batch.cache, attention, out.logits[:, -1].float()))
+
+    def _take_prefix(self, prompt_ids: list[int]) -> _Prefix | None:
+        """Remove and return the longest kept prefix that `prompt_ids` extends by at least one token."""
+        fits = [p for p in self._prefixes
+                if len(p.token_ids) < len(prompt_ids) and prompt_ids[:len(p.token_ids)] == p.token_ids]
+        if not fits:
+            return None
+        prefix = max(fits, key=lambda p: len(p.token_ids))
+        self._prefixes.remove(prefix)
+        return prefix
+
+    def _keep_prefix(self, batch: _Batch, row: int) -> None:
+        """Keep the KV of row `row`'s prompt and response but its last token (just sampled, so not yet
+        run through the model), dropping the oldest kept prefixes beyond `prefix_cache_tokens`."""
+        request = batch.requests[row]
+        token_ids = request.prompt_ids + request.token_ids[:-1]
+        if len(token_ids) > self.prefix_cache_tokens:
+            return
+        columns = batch.attention[row].nonzero().squeeze(-1)
+        assert len(columns) == len(token_ids)
+        layers = [(layer.keys[row:row + 1, :, columns], layer.values[row:row + 1, :, columns])
+                  for layer in batch.cache.layers]
+        self._prefixes.append(_Prefix(token_ids, layers))
+        total = sum(len(p.token_ids) for p in self._prefixes)
+        while total > self.prefix_cache_tokens:
+            total -= len(self._prefixes.pop(0).token_ids)
 
     def _finish_reason(self, request: _Request) -> str | None:
         """How the response ends after its last token: "stop" on a stop id or a completed stop-pattern
@@ -200,21 +254,34 @@ class HFEngine:
         text = self.tokenizer.decode(request.token_ids, skip_special_tokens=True)
         return any(re.search(pattern, text) for pattern in request.params.stop_patterns)
 
-    def _forward(self, input_ids, attention, positions, cache, logits_to_keep: int = 0) -> torch.Tensor:
-        autocast = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype
-                    else contextlib.nullcontext())
-        with autocast:
-            out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                             past_key_values=cache, use_cache=True, logits_to_keep=logits_to_keep)
-        return out.logits[:, -1].float()
+
+def _prefix_batch(requests: list[_Request], prefixes: list[_Prefix | None], device: torch.device) -> _Batch:
+    """The requests as rows holding the KV of their kept prefix (none: no columns), left-padded to the
+    longest; no logits until their prompts run."""
+    width = max((len(p.token_ids) for p in prefixes if p), default=0)
+    attention = torch.tensor([[0] * (width - n) + [1] * n for n in (len(p.token_ids) if p else 0 for p in prefixes)],
+                             device=device, dtype=torch.long).reshape(len(requests), width)
+    cache = DynamicCache()
+    if width:
+        some = next(p for p in prefixes if p)
+        for layer, (keys, values) in enumerate(some.layers):
+            def stacked(kind, empty):
+                return torch.cat([_left_pad(p.layers[layer][kind] if p else empty, width, dim=2) for p in prefixes])
+            cache.update(stacked(0, keys[:, :, :0]), stacked(1, values[:, :, :0]), layer)
+    return _Batch(requests, cache, attention, None)
 
 
 def _join(a: _Batch, b: _Batch) -> _Batch:
-    """One batch with the rows of `a` then `b` (in a's cache); the narrower is left-padded."""
-    for la, lb in zip(a.cache.layers, b.cache.layers):
-        la.keys, la.values = _stack(la.keys, lb.keys, dim=2), _stack(la.values, lb.values, dim=2)
-    return _Batch(a.requests + b.requests, a.cache, _stack(a.attention, b.attention, dim=1),
-                  torch.cat([a.positions, b.positions]), torch.cat([a.logits, b.logits]))
+    """One batch with the rows of `a` then `b` (in a's cache, which has layers; b's may have none:
+    no columns); the narrower is left-padded."""
+    for layer, la in enumerate(a.cache.layers):
+        if b.cache.layers:
+            keys, values = b.cache.layers[layer].keys, b.cache.layers[layer].values
+        else:
+            keys = values = la.keys.new_zeros((len(b.requests), la.keys.shape[1], 0, la.keys.shape[3]))
+        la.keys, la.values = _stack(la.keys, keys, dim=2), _stack(la.values, values, dim=2)
+    logits = None if a.logits is None or b.logits is None else torch.cat([a.logits, b.logits])
+    return _Batch(a.requests + b.requests, a.cache, _stack(a.attention, b.attention, dim=1), logits)
 
 
 def _stack(x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
@@ -224,21 +291,38 @@ def _stack(x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    if x.shape[dim] == width:
+        return x
     shape = list(x.shape)
     shape[dim] = width - x.shape[dim]
     return torch.cat([x.new_zeros(shape), x], dim=dim)
 
 
 def _select(batch: _Batch, rows: list[int]) -> _Batch:
-    """The batch reduced to `rows` (in its own cache), without the leading columns that are padding
-    in all of them."""
+    """The batch reduced to `rows` (in its own cache)."""
+    if len(rows) == len(batch.requests):
+        return batch
     index = torch.tensor(rows, device=batch.attention.device)
-    attention = batch.attention[index]
-    first = int(attention.any(dim=0).int().argmax())  # the first column a kept row uses
     for layer in batch.cache.layers:
-        layer.keys, layer.values = layer.keys[index, :, first:], layer.values[index, :, first:]
-    return _Batch([batch.requests[row] for row in rows], batch.cache, attention[:, first:],
-                  batch.positions[index], batch.logits[index])
+        layer.keys, layer.values = layer.keys[index], layer.values[index]
+    return _compact(_Batch([batch.requests[row] for row in rows], batch.cache, batch.attention[index],
+                           batch.logits[index]))
+
+
+def _compact(batch: _Batch) -> _Batch:
+    """When more than a quarter of the columns are padding that no row needs (the longest row needs
+    them all), move every row's columns right, in order, so that the width is the longest row's."""
+    counts = batch.attention.sum(-1)
+    width = int(counts.max())
+    if 4 * batch.attention.shape[1] <= 5 * width:
+        return batch
+    # A stable sort of a row's 0/1 attention puts its padding columns first and its own columns last,
+    # in order: the last `width` of them are the row, right-aligned, after padding.
+    index = batch.attention.argsort(dim=-1, stable=True)[:, -width:]
+    for layer in batch.cache.layers:
+        gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+        layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+    return _Batch(batch.requests, batch.cache, batch.attention.gather(1, index), batch.logits)
 
 
 def _settle(future: asyncio.Future, outcome: Generation | Exception) -> None:

@@ -79,7 +79,8 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
     # Rollout: the engine samples from the actor itself (shared weights, nothing to copy in-process).
-    engine = HFEngine(actor, pad_id, rollout.max_batch_size, cfg.seed, autocast_dtype(device), tokenizer)
+    engine = HFEngine(actor, pad_id, rollout.max_batch_size, cfg.seed, autocast_dtype(device), tokenizer,
+                      rollout.prefix_cache_tokens)
     params = SamplingParams(rollout.max_tokens, rollout.temperature, rollout.top_p, stop_ids(tokenizer, actor),
                             agent.stop_patterns)
     metrics_log = MetricsLog(run_dir / "metrics.jsonl")
