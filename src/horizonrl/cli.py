@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     train_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
                            help="a recipe YAML (default configs/toy.yaml) and dotted overrides, e.g. ppo.actor_lr=1e-5")
     train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
+    sft_cmd = commands.add_parser("sft", help="supervised warm start from the env's expert demonstrations")
+    sft_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
+                         help="a recipe YAML and dotted overrides, e.g. sft.episodes=512 (the sft: section)")
     commands.add_parser("envs", help="list every env id")
     play_cmd = commands.add_parser("play", help="play an env in the terminal, shown the agent's exact prompt")
     play_cmd.add_argument("env_id")
@@ -34,14 +37,19 @@ def main(argv: list[str] | None = None) -> int:
 
         hf_logging.disable_progress_bar()
 
-    if args.command == "train":
+    if args.command in ("train", "sft"):
         config_path = args.args[0] if args.args and "=" not in args.args[0] else None
         overrides = args.args[1:] if config_path else args.args
         try:
             cfg = load_config(config_path, overrides)
-            from horizonrl.train.loop import train
+            if args.command == "train":
+                from horizonrl.train.loop import train
 
-            run_dir = train(cfg, progress=not args.quiet)
+                run_dir = train(cfg, progress=not args.quiet)
+            else:
+                from horizonrl.train.sft import sft
+
+                run_dir = sft(cfg)
         except ConfigError as error:
             print(f"horizonrl: config error:\n{error}", file=sys.stderr)
             return 2

@@ -145,6 +145,16 @@ class GroupConfig(Section):
     reward_fn: str | None = Field(None, description='"module:function" taking an Episode; None: its return')
 
 
+class SFTConfig(Section):
+    """`horizonrl sft`: supervised fine-tuning on expert demonstrations (the env's expert_action)."""
+
+    episodes: int = Field(256, gt=0, description="expert episodes to demonstrate")
+    max_turns: int = Field(128, gt=0, description="turns after which a demonstration is cut")
+    steps: int = Field(500, ge=0)
+    batch_size: int = Field(32, gt=0)
+    lr: float = Field(3e-3, gt=0)
+
+
 class TaskConfig(Section):
     """A tool-use or interaction task for the agent loop, instead of a game env (needs algorithm != ppo;
     `group.max_turns` bounds the responses, `group.reward_fn` scores the episode)."""
@@ -176,6 +186,7 @@ class TrainConfig(Section):
     merge: MergeConfig = MergeConfig()
     group: GroupConfig = GroupConfig()
     task: TaskConfig | None = None
+    sft: SFTConfig = SFTConfig()
 
     def sample_options(self, run_dir: Path) -> dict:
         """The keyword arguments of train.batch.prepare that choose per-turn or merged rows."""

@@ -60,3 +60,17 @@ class RandomFormatEngine(ScriptedEngine):
         if not unused:
             unused = self.unused[observation] = self.rng.sample(self.actions, len(self.actions))
         return plan_text(restate(observation), unused.pop())
+
+
+class ExpertEngine(ScriptedEngine):
+    """Plays the action of an env's expert (`env.expert_action() -> (action, reason)`, e.g. BabyAI's
+    bot) in the agent's response format, the reason as its THINK. The env must live in this process:
+    `handle` is an `InProcessEnv`, and the engine answers for that one env only."""
+
+    def __init__(self, tokenizer, handle):
+        super().__init__(tokenizer, self.plan)
+        self.handle = handle
+
+    def plan(self, prompt_text: str) -> str:
+        action, reason = self.handle.env.expert_action()
+        return plan_text(reason, action)

@@ -48,6 +48,7 @@ import minigrid  # noqa: F401  (registers the BabyAI-* ids with gymnasium)
 from minigrid.core.actions import Actions
 from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 from minigrid.envs.babyai.core.verifier import BeforeInstr, GoToInstr, ObjDesc, PickupInstr
+from minigrid.utils.baby_ai_bot import BabyAIBot
 
 from horizonrl.envs.base import Instruction
 
@@ -61,6 +62,10 @@ ACTIONS = {
 }
 _MINIGRID_ACTION = {"turn left": Actions.left, "turn right": Actions.right, "go forward": Actions.forward,
                     "pick up": Actions.pickup, "drop": Actions.drop, "toggle": Actions.toggle}
+_ACTION_TEXT = {action: text for text, action in _MINIGRID_ACTION.items()}
+# the bot's subgoal (its class name) -> the verb that says what the bot is doing
+_SUBGOAL_VERB = {"GoNextToSubgoal": "go next to", "OpenSubgoal": "open", "CloseSubgoal": "close",
+                 "PickupSubgoal": "pick up", "DropSubgoal": "drop", "ExploreSubgoal": "explore"}
 
 TIPS = [
     "you see 6 steps ahead and 3 steps to each side, not behind you and not through walls or closed doors",
@@ -142,6 +147,7 @@ class BabyAIEnv:
             self.level = level.__name__
             self._env = level(max_steps=self.max_steps)
         self._mission: str | None = None
+        self._bot: BabyAIBot | None = None
 
     @property
     def unwrapped(self) -> Any:
@@ -159,7 +165,22 @@ class BabyAIEnv:
     def reset(self, seed: int) -> tuple[str, dict]:
         self._env.reset(seed=seed)
         self._mission = self._env.mission
+        self._bot = None
         return describe(self._env), {"mission": self._mission}
+
+    def expert_action(self) -> tuple[str, str]:
+        """(action, reason): the next action of minigrid's BabyAI bot, which plans from the full grid
+        state, and what it is doing, e.g. ("go forward", "go next to the red box"). Call it once per
+        step and take that action: the bot keeps its plan between calls (it restarts on reset)."""
+        if self._bot is None:
+            self._bot = BabyAIBot(self._env)
+        action = self._bot.replan()
+        if action not in _ACTION_TEXT:
+            raise RuntimeError(f"the BabyAI bot chose {action!r}, which this env does not offer")
+        subgoal = self._bot.stack[-1] if self._bot.stack else None
+        verb = _SUBGOAL_VERB.get(type(subgoal).__name__, "finish the mission")
+        target = subgoal.datum.surface(self._env) if isinstance(getattr(subgoal, "datum", None), ObjDesc) else ""
+        return _ACTION_TEXT[action], f"{verb} {target}".strip()
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if action not in ACTIONS:

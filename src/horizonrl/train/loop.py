@@ -53,15 +53,8 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     ppo, rollout = cfg.ppo, cfg.rollout
 
     # Networks: the policy (loaded, or tiny + format warm start), a critic from its backbone, a frozen reference.
-    if cfg.model.path is not None:
-        tokenizer, actor = load_policy(cfg.model.path, device)
-    elif cfg.task is not None:
-        tokenizer, actor = build_tiny_for_task(cfg, device)
-    else:
-        tokenizer, actor = build_tiny_for_env(env_registry.make(cfg.env.id, **cfg.env.kwargs), cfg.model.tiny,
-                                              cfg.seed, device)
-    agent = Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations, cfg.agent.history,
-                  cfg.agent.feedback)
+    tokenizer, actor = build_policy(cfg, device)
+    agent = make_agent(cfg, tokenizer)
     if cfg.model.path is None and cfg.model.warm_start:
         if cfg.task is not None:
             task_warm_start(actor, tokenizer, cfg)
@@ -144,6 +137,20 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
 
     save_checkpoint(run_dir / "checkpoint", actor, tokenizer, critic)
     return run_dir
+
+
+def build_policy(cfg: TrainConfig, device) -> tuple:
+    """(tokenizer, policy): loaded from `model.path`, else a tiny model for the task or env."""
+    if cfg.model.path is not None:
+        return load_policy(cfg.model.path, device)
+    if cfg.task is not None:
+        return build_tiny_for_task(cfg, device)
+    return build_tiny_for_env(env_registry.make(cfg.env.id, **cfg.env.kwargs), cfg.model.tiny, cfg.seed, device)
+
+
+def make_agent(cfg: TrainConfig, tokenizer) -> Agent:
+    return Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations, cfg.agent.history,
+                 cfg.agent.feedback)
 
 
 def make_run_dir(cfg: TrainConfig) -> Path:
