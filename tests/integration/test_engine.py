@@ -169,7 +169,7 @@ def test_a_prompt_extending_an_ended_sequence_prefills_only_its_new_tokens(river
     tokenizer, model = river_tiny
     prompts, greedy = prompts_of(tokenizer, 3), SamplingParams(max_tokens=5, temperature=0.0)
     without = multi_turn(HFEngine(model, tokenizer.pad_token_id, prefix_cache_tokens=0), prompts, greedy, 3)
-    engine = HFEngine(model, tokenizer.pad_token_id)
+    engine = HFEngine(model, tokenizer.pad_token_id, max_padding_tokens=0)   # newcomers in passes of their own
     with forward_shapes(model) as shapes:
         streams = multi_turn(engine, prompts, greedy, 3)
     for (final, generations), (_, reference) in zip(streams, without):
