@@ -3,6 +3,7 @@
     horizonrl train [CONFIG] [key=value ...]    train (no CONFIG: the default recipe, configs/toy.yaml)
     horizonrl envs                              list every env id
     horizonrl play ENV [--seed N] [key=value]   play an env in the terminal, seeing the agent's prompt
+    horizonrl view RUN                          (re)write RUN/report.html (curves, sample trajectories)
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     play_cmd.add_argument("kwargs", nargs="*", metavar="key=value", help="env constructor arguments")
     play_cmd.add_argument("--seed", type=int, default=0)
     play_cmd.add_argument("--memory", type=int, default=1, help="past turns shown in the prompt")
+    view_cmd = commands.add_parser("view", help="(re)write a run folder's report.html and print its path")
+    view_cmd.add_argument("run", metavar="RUN", help="a run folder, runs/<name>-<time>")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train" and args.quiet:
@@ -72,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as error:   # unknown env, bad kwargs, missing package
             print(f"horizonrl: {error}", file=sys.stderr)
             return 2
+    elif args.command == "view":
+        from pathlib import Path
+
+        from horizonrl.report.html import write_report
+
+        if not (Path(args.run) / "config.yaml").is_file():
+            print(f"horizonrl: {args.run} is not a run folder (no config.yaml)", file=sys.stderr)
+            return 2
+        print(write_report(Path(args.run)))
     return 0
 
 

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from horizonrl.config import TrainConfig
 from horizonrl.learner.update import Stats, minibatch_updates
 from horizonrl.report.metrics import MetricsLog, episode_metrics
+from horizonrl.report.trajectories import trajectory_records, write_trajectories
 from horizonrl.train.batch import batch_metrics, group_advantages_to_tokens, prepare
 
 
@@ -52,4 +53,6 @@ def group_iterations(cfg: TrainConfig, collector, engine, actor, reference, acto
                   "perf/train_tokens_per_s": float(batch.data["attention_mask"].sum()) / (score_s + update_s),
                   "timing/rollout_s": rollout_s, "timing/score_s": score_s, "timing/update_s": update_s}
         metrics_log.write(record)
+        write_trajectories(run_dir, trajectory_records(iteration, batch.episodes, batch.samples,
+                                                       batch.data["advantages"], tokenizer))
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")

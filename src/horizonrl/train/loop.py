@@ -5,6 +5,9 @@ an env, or of an agent-loop task: train/tasks.py).
     collect n_env x e_len turns  ->  per-turn rows  ->  score (logp_old, logp_ref, V)
     ->  token rewards (env reward on the last token, -beta * KL on every token)
     ->  dual-discount GAE  ->  update critic, update actor  ->  sync weights to the engine
+
+Each iteration appends its record to metrics.jsonl and a few sample episodes to trajectories.jsonl
+(iteration 0: the critic warmup); the run ends by writing report.html from them (report/html.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from horizonrl.learner.device import autocast_dtype, resolve_device
 from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, stop_ids
 from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
 from horizonrl.learner.warm_start import build_tiny_for_env, format_warm_start
+from horizonrl.report.html import write_report
 from horizonrl.report.metrics import MetricsLog, episode_metrics
+from horizonrl.report.trajectories import trajectory_records, write_trajectories
 from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.train.batch import batch_metrics, estimate_advantages, prepare
@@ -37,15 +42,17 @@ from horizonrl.train.warmup import critic_warmup
 
 
 def train(cfg: TrainConfig, progress: bool = True) -> Path:
-    """Run a whole training job; returns the run folder runs/<name>-<time>/."""
+    """Run a whole training job; returns the run folder runs/<name>-<time>/, report.html written last."""
     torch.manual_seed(cfg.seed)
     envs = [] if cfg.task is not None else open_envs(cfg.env.id, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
                                                      cfg.env.timeout_s)
     try:
-        return _train(cfg, envs, progress)
+        run_dir = _train(cfg, envs, progress)
     finally:
         for env in envs:
             env.close()
+    write_report(run_dir)
+    return run_dir
 
 
 def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
@@ -110,6 +117,8 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
         record.update(critic_warmup(batches, critic, critic_opt, critic_loss, ppo, pad_id, shuffle))
         record["timing/warmup_s"] = time.perf_counter() - started
         metrics_log.write(record)
+        write_trajectories(run_dir, trajectory_records(0, batches[-1].episodes, batches[-1].samples,
+                                                       batches[-1].data["advantages"], tokenizer))
 
     bar = tqdm(range(1, cfg.iterations + 1), desc=cfg.name, disable=not progress, dynamic_ncols=True)
     for iteration in bar:
@@ -133,6 +142,8 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
                   "perf/train_tokens_per_s": float(batch.data["attention_mask"].sum()) / (score_s + update_s),
                   "timing/rollout_s": rollout_s, "timing/score_s": score_s, "timing/update_s": update_s}
         metrics_log.write(record)
+        write_trajectories(run_dir, trajectory_records(iteration, batch.episodes, batch.samples,
+                                                       batch.data["advantages"], tokenizer))
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
 
     save_checkpoint(run_dir / "checkpoint", actor, tokenizer, critic)
