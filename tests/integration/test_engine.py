@@ -200,6 +200,20 @@ def test_kept_prefixes_stay_within_their_token_budget(river_tiny):
     assert small._prefixes == []   # a sequence longer than the whole budget is not kept
 
 
+def test_what_a_request_samples_does_not_depend_on_its_batch_mates(river_tiny):
+    tokenizer, model = river_tiny
+    prompts, sampled = prompts_of(tokenizer, 4), SamplingParams(max_tokens=12, temperature=1.0)
+    alone = [generate_all(HFEngine(model, tokenizer.pad_token_id, seed=3), [p], sampled)[0] for p in prompts]
+    together = generate_all(HFEngine(model, tokenizer.pad_token_id, seed=3), prompts, sampled)
+    for a, t in zip(alone, together):
+        assert a.token_ids == t.token_ids and a.logprobs == pytest.approx(t.logprobs, abs=1e-4)
+    # The same prompt twice: two different streams of draws; a new engine seed: others again.
+    twice = generate_all(HFEngine(model, tokenizer.pad_token_id, seed=3), [prompts[0]] * 2, sampled)
+    assert twice[0].token_ids == alone[0].token_ids and twice[1].token_ids != twice[0].token_ids
+    other_seed = generate_all(HFEngine(model, tokenizer.pad_token_id, seed=4), [prompts[0]], sampled)
+    assert other_seed[0].token_ids != alone[0].token_ids
+
+
 def test_max_tokens_stop_ids_and_finish_reason(river_tiny):
     tokenizer, model = river_tiny
     engine = HFEngine(model, tokenizer.pad_token_id, seed=3)
@@ -237,7 +251,7 @@ def test_sample_top_p_and_greedy_by_hand():
     gen = torch.Generator().manual_seed(0)
     counts = torch.zeros(2, 4)
     for _ in range(400):
-        token, logprob = sample(logits, temperature, top_p, gen)
+        token, logprob = sample(logits, temperature, top_p, [gen] * 3)
         counts[0, token[0]] += 1
         counts[1, token[1]] += 1
         # Row 0 samples from {0: 0.5/0.8, 1: 0.3/0.8}: the nucleus reaching 0.7.

@@ -10,13 +10,16 @@ from typing import Literal, Protocol, runtime_checkable
 class SamplingParams:
     """max_tokens new tokens at most; temperature 0 means greedy; stop_ids end a response (and are
     kept in it when sampled); so does the first token after which the decoded response text contains a
-    match of one of `stop_patterns` (regular expressions; every sampled id is kept, none is cut)."""
+    match of one of `stop_patterns` (regular expressions; every sampled id is kept, none is cut).
+    `seed` names the request's own random stream (a sampling engine combines it with its own seed;
+    None: the engine derives one), so that what a request samples does not depend on its batch mates."""
 
     max_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     stop_ids: tuple[int, ...] = ()
     stop_patterns: tuple[str, ...] = ()
+    seed: int | None = None
 
 
 @dataclass(frozen=True)

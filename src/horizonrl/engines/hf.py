@@ -22,9 +22,12 @@ decodes at 2.6k tokens/s where this loop reaches 4.8k.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import hashlib
 import re
 import threading
+from array import array
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +43,7 @@ class _Request:
 
     prompt_ids: list[int]
     params: SamplingParams
+    generator: torch.Generator  # this request's own draws
     future: asyncio.Future | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -82,8 +86,12 @@ class HFEngine:
     sequences is kept for prompts that extend them, at most `prefix_cache_tokens` tokens in all (the
     oldest go first; 0 turns this off). Newcomers' prompts run in the same forward pass as the running
     rows' next tokens unless that would pad the running rows with more than `max_padding_tokens`
-    tokens in all; then they run in a pass of their own. Sampling draws from the seeded `generator` in batch order, so which
-    requests share a step (arrival timing) decides which draws each one gets.
+    tokens in all; then they run in a pass of their own. Each request samples from its own generator,
+    seeded by `seed`, the weights version (how many `sync_weights` came before) and the request's
+    `params.seed`; without one, by its prompt and how many requests with the same prompt came before
+    it in this version. So what a request samples does not depend on which other requests share its
+    decode steps (up to float rounding of batched matmuls), and a run whose collectors set
+    `params.seed` is reproducible however the arrivals interleave.
     """
 
     def __init__(self, model, pad_id: int, max_batch_size: int = 256, seed: int = 0,
@@ -95,7 +103,9 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
-        self.generator = torch.Generator(self.device).manual_seed(seed)
+        self.seed = seed
+        self._version = 0  # sync_weights calls so far
+        self._seen: collections.Counter[bytes] = collections.Counter()  # requests per prompt in this version
         self.prefix_cache_tokens = prefix_cache_tokens
         self.max_padding_tokens = max_padding_tokens
         self._prefixes: list[_Prefix] = []  # oldest first; used by whichever thread decodes
@@ -113,7 +123,7 @@ class HFEngine:
             raise ValueError("stop_patterns need the engine to decode responses: HFEngine(..., tokenizer=...)")
         future = asyncio.get_running_loop().create_future()
         with self._lock:
-            self._pending.append(_Request(list(prompt_ids), params, future))
+            self._pending.append(self._request(prompt_ids, params, future))
             start, self._working = not self._working, True
         if start:
             self._server = asyncio.create_task(self._serve())
@@ -124,6 +134,21 @@ class HFEngine:
         if model is not self.model:
             self.model.load_state_dict(model.state_dict())
         self._prefixes = []
+        with self._lock:
+            self._version += 1
+            self._seen.clear()
+
+    def _request(self, prompt_ids: list[int], params: SamplingParams, future=None) -> _Request:
+        """A request with its own generator (seeded as the class docstring says); call under the lock."""
+        if params.seed is not None:
+            material = array("q", [self.seed, self._version, params.seed]).tobytes()
+        else:
+            prompt = hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
+            material = array("q", [self.seed, self._version, self._seen[prompt]]).tobytes() + prompt
+            self._seen[prompt] += 1
+        key = hashlib.blake2b(material, digest_size=8)
+        generator = torch.Generator(self.device).manual_seed(int.from_bytes(key.digest(), "little") >> 1)
+        return _Request(list(prompt_ids), params, generator, future)
 
     async def _serve(self) -> None:
         await asyncio.sleep(0)  # every stream that is ready submits before the first prefill
@@ -158,7 +183,8 @@ class HFEngine:
 
     def generate_batch(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[Generation]:
         """Sample a response for every prompt in one padded batch, run to completion."""
-        requests = [_Request(list(prompt), p) for prompt, p in zip(prompts, params)]
+        with self._lock:
+            requests = [self._request(prompt, p) for prompt, p in zip(prompts, params)]
         batch, results = self._step(None, requests)[0], {}
         while batch is not None:
             batch, finished = self._step(batch, [])
@@ -173,7 +199,8 @@ class HFEngine:
         Returns the batch after it (None when no row is left) and the ended requests."""
         running, finished, tokens = [], [], []
         if batch is not None:
-            token, logprob = sample(batch.logits, batch.temperature, batch.top_p, self.generator)
+            token, logprob = sample(batch.logits, batch.temperature, batch.top_p,
+                                    [r.generator for r in batch.requests])
             for row, (request, t, lp) in enumerate(zip(batch.requests, token.tolist(), logprob.tolist())):
                 request.token_ids.append(t)
                 request.logprobs.append(lp)
@@ -335,12 +362,13 @@ def _settle(future: asyncio.Future, outcome: Generation | Exception) -> None:
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and its log-prob under the sampling distribution.
 
     Row b samples from softmax(logits_b / temperature_b) restricted to the smallest set of tokens
-    whose probability reaches top_p_b (renormalised). Temperature 0 is greedy; its log-prob is taken
-    under the untempered distribution.
+    whose probability reaches top_p_b (renormalised), with uniform noise from generators[b] (one draw
+    per vocabulary entry, greedy rows included, so a row's draws depend on its generator only).
+    Temperature 0 is greedy; its log-prob is taken under the untempered distribution.
     """
     greedy = temperature <= 0
     scaled = logits / torch.where(greedy, 1.0, temperature)[:, None]
@@ -348,7 +376,8 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     sampling = _nucleus(log_probs, top_p) if bool((top_p < 1).any()) else log_probs
     # Exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) is token i with probability p_i
     # (a quarter of torch.multinomial's cost on CPU). E = -log U, U in [0, 1): E > 0, never NaN.
-    exponential = torch.rand(sampling.shape, generator=generator, device=sampling.device).log_().neg_()
+    uniform = torch.stack([torch.rand(sampling.shape[1], generator=g, device=sampling.device) for g in generators])
+    exponential = uniform.log_().neg_()
     token = torch.where(greedy, scaled.argmax(dim=-1), (sampling.exp() / exponential).argmax(dim=-1))
     logprob = torch.where(greedy[:, None], log_probs, sampling).gather(-1, token[:, None]).squeeze(-1)
     return token, logprob

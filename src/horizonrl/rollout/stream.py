@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from horizonrl.agents.agent import Agent
 from horizonrl.agents.prompt import HistoryEntry
@@ -61,7 +61,10 @@ async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: Sam
     """Prompt, sample, parse, step: one Turn and the observation after it."""
     prompt_ids = agent.prompt_ids(stream.env, stream.history, stream.observation)
     started = time.perf_counter()
-    generation = await engine.generate(prompt_ids, params)
+    # the stream's episode seed, its index (rollouts of one seed differ in it) and the turn: one
+    # random stream per request, whatever else the engine batches with it (a hash of ints is stable)
+    request_seed = hash((stream.seed, stream.index, stream.episode_length))
+    generation = await engine.generate(prompt_ids, replace(params, seed=request_seed))
     generate_s = time.perf_counter() - started
     decision, plan = agent.decide(stream.env, generation.token_ids)
     observation, reward, terminated, truncated, info = await stream.env.step(decision.action)
