@@ -1,9 +1,12 @@
 """horizonrl command line.
 
     horizonrl train [CONFIG] [key=value ...]    train (no CONFIG: the default recipe, configs/toy.yaml)
+    horizonrl sft [CONFIG] [key=value ...]      supervised warm start from the env's expert demonstrations
     horizonrl envs                              list every env id
     horizonrl play ENV [--seed N] [key=value]   play an env in the terminal, seeing the agent's prompt
     horizonrl view RUN                          (re)write RUN/report.html (curves, sample trajectories)
+    horizonrl eval RUN_OR_CHECKPOINT [--episodes N] [--env ID ...] [--max-steps K] [--seed S] [--mode M]
+                                                whole episodes on held-out seeds, greedy and sampled
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ def main(argv: list[str] | None = None) -> int:
     play_cmd.add_argument("--memory", type=int, default=1, help="past turns shown in the prompt")
     view_cmd = commands.add_parser("view", help="(re)write a run folder's report.html and print its path")
     view_cmd.add_argument("run", metavar="RUN", help="a run folder, runs/<name>-<time>")
+    eval_cmd = commands.add_parser("eval", help="play whole episodes on held-out seeds, greedy and sampled, and "
+                                                "report success, length, return, valid actions and failure types")
+    eval_cmd.add_argument("target", metavar="RUN_OR_CHECKPOINT",
+                          help="a run folder (its checkpoint/), RUN/init, RUN/checkpoint or any checkpoint folder")
+    eval_cmd.add_argument("--episodes", type=int, default=64, help="episodes per env and mode")
+    eval_cmd.add_argument("--env", nargs="+", dest="env_ids", metavar="ID", help="env ids (default: the run's env)")
+    eval_cmd.add_argument("--max-steps", type=int, help="turns after which an episode is cut (default: the env's)")
+    eval_cmd.add_argument("--seed", type=int, default=0, help="seeds the sampler of the sampled mode")
+    eval_cmd.add_argument("--mode", choices=["greedy", "sampled", "both"], default="both")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train" and args.quiet:
@@ -84,6 +96,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"horizonrl: {args.run} is not a run folder (no config.yaml)", file=sys.stderr)
             return 2
         print(write_report(Path(args.run)))
+    elif args.command == "eval":
+        from horizonrl.evaluate import MODES, evaluate, format_table
+
+        try:
+            results, path = evaluate(args.target, args.episodes, args.env_ids, args.max_steps, args.seed,
+                                     MODES if args.mode == "both" else (args.mode,))
+        except ValueError as error:   # not a run or checkpoint, bad env or config, seeds used in training
+            print(f"horizonrl: {error}", file=sys.stderr)
+            return 2
+        print(format_table(results))
+        print(f"results: {path}")
     return 0
 
 

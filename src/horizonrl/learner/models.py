@@ -56,6 +56,11 @@ def check_compatible(tokenizer, model, name: str) -> None:
         raise ConfigError(f"model.path: {name}: tokenizer has no EOS token to end a response")
 
 
+def pad_token_id(tokenizer) -> int:
+    """The id that pads rows: the tokenizer's pad token, or its EOS when it has none (masked out either way)."""
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
 def stop_ids(tokenizer, model) -> tuple[int, ...]:
     """Ids that end a response: the tokenizer's EOS and the model's generation-config EOS ids."""
     ids = {tokenizer.eos_token_id}

@@ -2,9 +2,10 @@
 
 A task is an env seed; its `group_size` rollouts all start from that seed and share a `group_id`, so
 a group estimator can compare them. Each episode runs until the env ends it or `max_turns` turns have
-been played (its last turn is then marked truncated). Rollouts run concurrently, each on an env
-handle taken from a free list, so `len(envs)` bounds how many are in flight. An env error closes that
-episode as in the fixed-turn collector (its metrics carry the error; estimators leave it out).
+been played (its last turn is then marked truncated; `max_turns=None` leaves the limit to the env).
+Rollouts run concurrently, each on an env handle taken from a free list, so `len(envs)` bounds how
+many are in flight. An env error closes that episode as in the fixed-turn collector (its metrics carry
+the error; estimators leave it out). `collect_seeds` plays given seeds, e.g. held-out ones (evaluate.py).
 
 The outcome reward of an episode is `reward_fn(episode)`, which sees the whole Episode — every turn,
 its info and tool results (as ms-swift's reward functions see multi-turn infos); by default the
@@ -20,6 +21,7 @@ from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode
+from horizonrl.rollout.seeds import first_training_seed
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 from horizonrl.tools.registry import import_target
 
@@ -42,18 +44,23 @@ def load_reward_fn(path: str | None) -> RewardFn:
 
 class EpisodeGroupCollector:
     def __init__(self, envs: list, task: str, agent: Agent, engine: Engine, params: SamplingParams,
-                 group_size: int, max_turns: int, reward_fn: RewardFn = episode_return, seed: int = 0):
+                 group_size: int, max_turns: int | None, reward_fn: RewardFn = episode_return, seed: int = 0):
         """`envs`: async env handles (horizonrl.envs.pool); rollouts share them."""
         self.envs, self.task, self.agent, self.engine, self.params = envs, task, agent, engine, params
         self.group_size, self.max_turns, self.reward_fn = group_size, max_turns, reward_fn
-        self.next_seed = seed * 1_000_003
+        self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []
 
     def collect(self, n_tasks: int) -> list[Episode]:
         """`n_tasks * group_size` finished episodes, grouped: task by task, rollout by rollout."""
-        self.errors = []
         seeds = list(range(self.next_seed, self.next_seed + n_tasks))
         self.next_seed += n_tasks
+        return self.collect_seeds(seeds)
+
+    def collect_seeds(self, seeds: list[int]) -> list[Episode]:
+        """`group_size` finished episodes from each of `seeds` (e.g. held-out seeds for evaluation),
+        seed by seed; the training seed counter does not move."""
+        self.errors = []
         return asyncio.run(self._collect(seeds))
 
     async def _collect(self, seeds: list[int]) -> list[Episode]:

@@ -20,6 +20,7 @@ from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode
+from horizonrl.rollout.seeds import first_training_seed
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 
 
@@ -28,7 +29,7 @@ class FixedTurnCollector:
                  e_len: int, seed: int = 0):
         """`envs`: async env handles (horizonrl.envs.pool), one per stream."""
         self.agent, self.engine, self.params, self.e_len = agent, engine, params, e_len
-        self.streams = [EnvStream(i, env, task, next_seed=seed * 1_000_003 + i, seed_stride=len(envs))
+        self.streams = [EnvStream(i, env, task, next_seed=first_training_seed(seed) + i, seed_stride=len(envs))
                         for i, env in enumerate(envs)]
         self.errors: list[str] = []
 

@@ -58,7 +58,8 @@ class EnvStream:
 
 
 async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: SamplingParams) -> tuple[Turn, str]:
-    """Prompt, sample, parse, step: one Turn and the observation after it."""
+    """Prompt, sample, parse, step: one Turn and the observation after it. The Turn's info holds the
+    env's info, the observation the agent acted on, and the engine's timing and finish reason."""
     prompt_ids = agent.prompt_ids(stream.env, stream.history, stream.observation)
     started = time.perf_counter()
     # the stream's episode seed, its index (rollouts of one seed differ in it) and the turn: one
@@ -74,7 +75,7 @@ async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: Sam
     stream.history.append(HistoryEntry(stream.observation, plan, tuple(prompt_ids), tuple(generation.token_ids)))
     stream.episode_return += reward
     stream.episode_length += 1
-    info = dict(info, generate_s=generate_s, finish_reason=generation.finish_reason)
+    info = dict(info, observation=stream.observation, generate_s=generate_s, finish_reason=generation.finish_reason)
     if not decision.valid:
         info["invalid_output"] = decision.raw_action if decision.raw_action is not None else "<no ACTION:>"
     turn = Turn(prompt_ids, generation.token_ids, generation.logprobs, reward, terminated, truncated,

@@ -15,13 +15,14 @@ from collections.abc import Callable
 from horizonrl.records import Episode, Task
 from horizonrl.rollout.agent_loop import AgentLoop
 from horizonrl.rollout.episode_groups import RewardFn
+from horizonrl.rollout.seeds import first_training_seed
 
 
 class TaskGroupCollector:
     def __init__(self, loop: AgentLoop, make_task: Callable[[int], Task], group_size: int, reward_fn: RewardFn,
                  seed: int = 0):
         self.loop, self.make_task, self.group_size, self.reward_fn = loop, make_task, group_size, reward_fn
-        self.next_seed = seed * 1_000_003
+        self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []      # the agent loop recovers from tool errors; nothing is lost here
 
     def collect(self, n_tasks: int) -> list[Episode]:

@@ -20,13 +20,10 @@ import torch
 from tqdm import tqdm
 
 from horizonrl import envs as env_registry
-from horizonrl.agents.agent import Agent
 from horizonrl.config import TrainConfig, dump
-from horizonrl.engines.base import SamplingParams
-from horizonrl.engines.hf import HFEngine
 from horizonrl.envs.pool import open_envs
-from horizonrl.learner.device import autocast_dtype, resolve_device
-from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, stop_ids
+from horizonrl.learner.device import resolve_device
+from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, pad_token_id
 from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
 from horizonrl.learner.warm_start import build_tiny_for_env, format_warm_start
 from horizonrl.report.html import write_report
@@ -34,6 +31,7 @@ from horizonrl.report.metrics import MetricsLog, episode_metrics
 from horizonrl.report.trajectories import trajectory_records, write_trajectories
 from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
+from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.train.batch import batch_metrics, estimate_advantages, prepare
 from horizonrl.train.checkpoint import save_checkpoint
 from horizonrl.train.group_loop import group_iterations
@@ -61,7 +59,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
 
     # Networks: the policy (loaded, or tiny + format warm start), a critic from its backbone, a frozen reference.
     tokenizer, actor = build_policy(cfg, device)
-    agent = make_agent(cfg, tokenizer)
+    agent = make_agent(tokenizer, cfg.agent)
     if cfg.model.path is None and cfg.model.warm_start:
         if cfg.task is not None:
             task_warm_start(actor, tokenizer, cfg)
@@ -72,17 +70,15 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
         save_checkpoint(run_dir / "init", actor, tokenizer)
     actor.eval()  # dropout off: the sampler and the learner compute the same function
     reference = frozen_copy(actor)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = pad_token_id(tokenizer)
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=ppo.actor_lr, weight_decay=ppo.weight_decay)
     actor_loss = actor_loss_fn(actor, ppo.clip_low, ppo.clip_high, ppo.dual_clip, ppo.entropy_coef, ppo.loss_agg,
                                rollout.temperature, ppo.kl_loss_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
 
     # Rollout: the engine samples from the actor itself (shared weights, nothing to copy in-process).
-    engine = HFEngine(actor, pad_id, rollout.max_batch_size, cfg.seed, autocast_dtype(device), tokenizer,
-                      rollout.prefix_cache_tokens)
-    params = SamplingParams(rollout.max_tokens, rollout.temperature, rollout.top_p, stop_ids(tokenizer, actor),
-                            agent.stop_patterns)
+    engine = make_engine(actor, tokenizer, rollout, cfg.seed, device)
+    params = sampling_params(rollout, tokenizer, actor, agent)
     metrics_log = MetricsLog(run_dir / "metrics.jsonl")
     if cfg.algorithm != "ppo":
         collector = (task_collector(cfg, tokenizer, engine, params) if cfg.task is not None else
@@ -157,11 +153,6 @@ def build_policy(cfg: TrainConfig, device) -> tuple:
     if cfg.task is not None:
         return build_tiny_for_task(cfg, device)
     return build_tiny_for_env(env_registry.make(cfg.env.id, **cfg.env.kwargs), cfg.model.tiny, cfg.seed, device)
-
-
-def make_agent(cfg: TrainConfig, tokenizer) -> Agent:
-    return Agent(tokenizer, cfg.agent.memory, cfg.agent.invalid_penalty, cfg.agent.translations, cfg.agent.history,
-                 cfg.agent.feedback)
 
 
 def make_run_dir(cfg: TrainConfig) -> Path:

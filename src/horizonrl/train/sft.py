@@ -16,11 +16,13 @@ import torch
 from horizonrl.config import TrainConfig
 from horizonrl.learner.demonstrations import expert_episodes
 from horizonrl.learner.device import resolve_device
+from horizonrl.learner.models import pad_token_id
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.report.metrics import MetricsLog, episode_metrics
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.train.checkpoint import save_checkpoint
-from horizonrl.train.loop import build_policy, make_agent, make_run_dir
+from horizonrl.rollout.from_config import make_agent
+from horizonrl.train.loop import build_policy, make_run_dir
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +32,12 @@ def sft(cfg: TrainConfig) -> Path:
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     tokenizer, policy = build_policy(cfg, device)
-    agent = make_agent(cfg, tokenizer)
+    agent = make_agent(tokenizer, cfg.agent)
     demos = expert_episodes(agent, cfg.env.id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed)
     demo_metrics = episode_metrics(demos)
     log.info("%d expert episodes, %d turns, success rate %.3f", len(demos), demo_metrics["env/turns"],
              demo_metrics["env/success_rate"])
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    losses = supervised_finetune(policy, per_turn(demos), pad_id, cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr,
+    losses = supervised_finetune(policy, per_turn(demos), pad_token_id(tokenizer), cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr,
                                  seed=cfg.seed)
     run_dir = make_run_dir(cfg)
     metrics_log = MetricsLog(run_dir / "metrics.jsonl")

@@ -1,0 +1,144 @@
+"""`horizonrl eval RUN_OR_CHECKPOINT`: whole episodes on held-out seeds, greedy and sampled, with
+Verlog's diagnostics per env (success rate, episode length and return, valid-action ratio, failure
+types: report/diagnostics.py).
+
+What is evaluated, and with which settings:
+- a run folder (config.yaml + checkpoint/): its final checkpoint;
+- a folder in a run (RUN/checkpoint, RUN/init): that checkpoint. RUN/init is the run's initial policy:
+  the warm-started tiny model the run saved there, or, for a run that loaded `model.path`, that model;
+- with a run, its config.yaml gives the env (id and kwargs; `--env` may name others, built with their
+  defaults), the agent (memory window, history, feedback, invalid penalty, translations), the rollout
+  (max_tokens, temperature, top_p, batch size), env workers and the device, so a run's init and
+  checkpoint are evaluated on equal terms;
+- any other checkpoint folder (model + tokenizer in Hugging Face format, as train/checkpoint.py saves
+  them): the config defaults, and `--env` is required.
+Modes: greedy (temperature 0) and sampled (the run's temperature, the sampler seeded with `--seed`).
+Episodes: the first N held-out seeds (rollout/seeds.py), the same for every checkpoint; an episode
+ends when the env ends it, or after `--max-steps` turns (then it counts as truncated).
+The results go to eval-<checkpoint folder name>.json beside the checkpoint folder (RUN/eval-checkpoint.json,
+RUN/eval-init.json).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+from horizonrl.config import TrainConfig, load_config
+from horizonrl.envs import check_kwargs
+from horizonrl.envs.pool import open_envs
+from horizonrl.learner.device import resolve_device
+from horizonrl.learner.models import load_policy
+from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary
+from horizonrl.rollout.episode_groups import EpisodeGroupCollector
+from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
+from horizonrl.rollout.seeds import HELD_OUT_START, SEED_BLOCK, held_out_seeds, max_training_episodes
+
+log = logging.getLogger(__name__)
+MODES = ("greedy", "sampled")
+
+
+def resolve_target(target: str | Path) -> tuple[Path, Path | None]:
+    """(checkpoint folder, the run's config.yaml or None); a run folder stands for its checkpoint/."""
+    checkpoint = Path(target).resolve()
+    if (checkpoint / "config.yaml").is_file():
+        checkpoint = checkpoint / "checkpoint"
+    run_config = checkpoint.parent / "config.yaml"
+    return checkpoint, run_config if run_config.is_file() else None
+
+
+def model_to_load(checkpoint: Path, cfg: TrainConfig, run_config: Path | None) -> str:
+    """The checkpoint folder; for RUN/init of a run that loaded `model.path` (it saves no init/), that model."""
+    if (checkpoint / "config.json").is_file():
+        return str(checkpoint)
+    if checkpoint.name == "init" and run_config is not None and cfg.model.path is not None:
+        return cfg.model.path
+    raise ValueError(f"{checkpoint}: not a checkpoint folder (no config.json) nor a run folder (no config.yaml)")
+
+
+def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None = None, max_steps: int | None = None,
+             seed: int = 0, modes: tuple[str, ...] = MODES) -> tuple[dict, Path]:
+    """Play `episodes` held-out episodes per env and mode; returns the results and the JSON file
+    they were written to."""
+    checkpoint, run_config = resolve_target(target)
+    cfg = load_config(run_config) if run_config is not None else TrainConfig()
+    model_path = model_to_load(checkpoint, cfg, run_config)
+    env_ids = check_evaluable(cfg, run_config, env_ids, max_steps)
+    seeds = held_out_seeds(episodes)
+    device = resolve_device(cfg.device)
+    tokenizer, model = load_policy(model_path, device)
+    agent = make_agent(tokenizer, cfg.agent)
+    temperatures = {"greedy": 0.0, "sampled": cfg.rollout.temperature}
+    results = {
+        "checkpoint": model_path, "run_config": str(run_config) if run_config else None,
+        "seeds": {"first": seeds[0], "last": seeds[-1], "count": len(seeds),
+                  "rule": f"{HELD_OUT_START} + i; training seeds are r * {SEED_BLOCK} + j with j < {HELD_OUT_START} "
+                          "(horizonrl.rollout.seeds)"},
+        "max_steps": max_steps, "sampler_seed": seed, "agent": cfg.agent.model_dump(mode="json"),
+        "max_tokens": cfg.rollout.max_tokens,
+        "modes": {mode: {"temperature": temperatures[mode], "top_p": cfg.rollout.top_p if mode == "sampled" else None,
+                         "envs": {}} for mode in modes},
+    }
+    for env_id in env_ids:
+        kwargs = cfg.env.kwargs if env_id == cfg.env.id else {}
+        envs = open_envs(env_id, kwargs, min(episodes, cfg.rollout.n_env), cfg.env.workers, cfg.env.timeout_s)
+        try:
+            for mode in modes:
+                engine = make_engine(model, tokenizer, cfg.rollout, seed, device)
+                params = sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode])
+                collector = EpisodeGroupCollector(envs, env_id, agent, engine, params, group_size=1,
+                                                  max_turns=max_steps)
+                started = time.perf_counter()
+                summary = episode_summary(collector.collect_seeds(seeds))
+                summary["seconds"] = time.perf_counter() - started
+                results["modes"][mode]["envs"][env_id] = summary
+                log.info("%s %s: %d episodes in %.1f s", mode, env_id, summary["episodes"], summary["seconds"])
+        finally:
+            for env in envs:
+                env.close()
+    results_path = checkpoint.parent / f"eval-{checkpoint.name}.json"
+    results_path.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
+    return results, results_path
+
+
+def check_evaluable(cfg: TrainConfig, run_config: Path | None, env_ids: list[str] | None,
+                    max_steps: int | None) -> list[str]:
+    """The env ids to play (`env_ids`, else the run's env); one clear error, before any model is
+    loaded, for what cannot be evaluated as asked."""
+    if run_config is None and not env_ids:
+        raise ValueError("this checkpoint has no run config.yaml beside it: name the env(s) with --env")
+    if cfg.task is not None:
+        raise ValueError(f"{run_config}: the run trained on the task {cfg.task.source!r}; eval plays env episodes")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"--max-steps must be >= 1, got {max_steps}")
+    if run_config is not None and max_training_episodes(cfg) > HELD_OUT_START:
+        raise ValueError(f"{run_config}: the run may have started up to {max_training_episodes(cfg)} episodes per "
+                         f"collector, so it may have trained on the held-out seeds (from {HELD_OUT_START})")
+    env_ids = env_ids or [cfg.env.id]
+    for env_id in env_ids:
+        check_kwargs(env_id, cfg.env.kwargs if env_id == cfg.env.id else {})
+    return env_ids
+
+
+def format_table(results: dict) -> str:
+    """One row per mode and env: success rate, mean length, mean return, valid-action ratio, the count
+    of each failure type and of episodes lost to env errors."""
+    header = ["mode", "env", "episodes", "success", "length", "return", "valid", *FAILURE_TYPES, "errors"]
+    rows = [header]
+    for mode, by_mode in results["modes"].items():
+        for env_id, s in by_mode["envs"].items():
+            rows.append([mode, env_id, str(s["episodes"]), _number(s["success_rate"], 3),
+                         _number(s["episode_length"], 1), _number(s["episode_return"], 3),
+                         _number(s["valid_action_ratio"], 3), *(str(s["failures"][k]) for k in FAILURE_TYPES),
+                         str(s["errored_episodes"])])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    seeds = results["seeds"]
+    lines = [f"{results['checkpoint']}: held-out seeds {seeds['first']}..{seeds['last']}"]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def _number(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
