@@ -61,19 +61,13 @@ class _Prefix:
 class _Batch:
     """Requests decoded together. Row b's prompt and response so far are the columns where
     attention[b] is 1 (in order; the last column is always one of them) of `attention` and of every
-    cache layer, and `logits[b]` predicts its next token (None for rows whose prompt has not run yet)."""
+    cache layer, and `logits[b]` predicts its next token (None between sampling from them and the
+    next forward pass, and for rows whose prompt has not run yet)."""
 
     requests: list[_Request]
     cache: DynamicCache
     attention: torch.Tensor  # [B, T]
     logits: torch.Tensor | None  # [B, vocab], float32
-    temperature: torch.Tensor = field(init=False)
-    top_p: torch.Tensor = field(init=False)
-
-    def __post_init__(self):
-        device = self.attention.device
-        self.temperature = torch.tensor([r.params.temperature for r in self.requests], device=device)
-        self.top_p = torch.tensor([r.params.top_p for r in self.requests], device=device)
 
 
 class HFEngine:
@@ -199,7 +193,10 @@ class HFEngine:
         Returns the batch after it (None when no row is left) and the ended requests."""
         running, finished, tokens = [], [], []
         if batch is not None:
-            token, logprob = sample(batch.logits, batch.temperature, batch.top_p,
+            device = batch.logits.device
+            token, logprob = sample(batch.logits,
+                                    torch.tensor([r.params.temperature for r in batch.requests], device=device),
+                                    torch.tensor([r.params.top_p for r in batch.requests], device=device),
                                     [r.generator for r in batch.requests])
             for row, (request, t, lp) in enumerate(zip(batch.requests, token.tolist(), logprob.tolist())):
                 request.token_ids.append(t)
@@ -326,14 +323,14 @@ def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 def _select(batch: _Batch, rows: list[int]) -> _Batch:
-    """The batch reduced to `rows` (in its own cache)."""
+    """The batch reduced to `rows` (in its own cache). It is called after sampling, so a reduced batch
+    carries no logits (the next forward pass gives them)."""
     if len(rows) == len(batch.requests):
         return batch
     index = torch.tensor(rows, device=batch.attention.device)
     for layer in batch.cache.layers:
         layer.keys, layer.values = layer.keys[index], layer.values[index]
-    return _compact(_Batch([batch.requests[row] for row in rows], batch.cache, batch.attention[index],
-                           batch.logits[index]))
+    return _compact(_Batch([batch.requests[row] for row in rows], batch.cache, batch.attention[index], None))
 
 
 def _compact(batch: _Batch) -> _Batch:
