@@ -33,7 +33,7 @@ from horizonrl import envs
 from horizonrl.config import TinyModel
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
-from horizonrl.learner.warm_start import build_tiny_for_env
+from horizonrl.learner.warm_start import build_tiny_for_envs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +132,7 @@ def main():
     parser.add_argument("--workload", choices=["long_tailed", "uniform"], default="long_tailed")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    tokenizer, model = build_tiny_for_env(envs.make("river"), TinyModel(), seed=0, device=torch.device("cpu"))
+    tokenizer, model = build_tiny_for_envs([envs.make("river")], TinyModel(), seed=0, device=torch.device("cpu"))
     workload = make_workload(args.streams, args.turns, len(tokenizer), args.workload == "long_tailed")
     pad_id, steps = tokenizer.pad_token_id, args.streams * args.turns
     tokens = sum(t.max_tokens for s in workload for t in s.turns)

@@ -9,10 +9,10 @@ def river_tiny():
     """A BPE tokenizer trained on the river env's text and a random tiny Llama model for it."""
     from horizonrl import envs
     from horizonrl.config import TinyModel
-    from horizonrl.learner.warm_start import build_tiny_for_env
+    from horizonrl.learner.warm_start import build_tiny_for_envs
 
     env = envs.make("river")
-    tokenizer, model = build_tiny_for_env(env, TinyModel(), seed=0, device=torch.device("cpu"))
+    tokenizer, model = build_tiny_for_envs([env], TinyModel(), seed=0, device=torch.device("cpu"))
     return tokenizer, model.eval()
 
 

@@ -59,8 +59,8 @@ class ModelConfig(Section):
 
 
 class EnvConfig(Section):
-    id: str = "river"
-    kwargs: dict[str, Any] = {}
+    id: str | list[str] = Field("river", description="an env id, or a list of them: stream i plays ids[i % len(ids)]")
+    kwargs: dict[str, Any] = Field({}, description="constructor arguments, given to every env id")
     workers: bool = Field(False, description="run each env stream in its own worker process")
     timeout_s: float = Field(60.0, gt=0, description="an env call in a worker slower than this is restarted")
 
@@ -68,8 +68,16 @@ class EnvConfig(Section):
     def _known_env_and_kwargs(self) -> EnvConfig:
         from horizonrl.envs import check_kwargs
 
-        check_kwargs(self.id, self.kwargs)
+        if not self.ids:
+            raise ValueError("env.id: an empty list names no env")
+        for env_id in self.ids:
+            check_kwargs(env_id, self.kwargs)
         return self
+
+    @property
+    def ids(self) -> list[str]:
+        """The env ids as a list (one for a single id)."""
+        return [self.id] if isinstance(self.id, str) else list(self.id)
 
 
 class AgentConfig(Section):
@@ -148,7 +156,7 @@ class GroupConfig(Section):
 class SFTConfig(Section):
     """`horizonrl sft`: supervised fine-tuning on expert demonstrations (the env's expert_action)."""
 
-    episodes: int = Field(256, gt=0, description="expert episodes to demonstrate")
+    episodes: int = Field(256, gt=0, description="expert episodes to demonstrate, per env id")
     max_turns: int = Field(128, gt=0, description="turns after which a demonstration is cut")
     steps: int = Field(500, ge=0)
     batch_size: int = Field(32, gt=0)
@@ -199,6 +207,9 @@ class TrainConfig(Section):
         if self.task is not None and self.algorithm == "ppo":
             raise ValueError("task: agent-loop tasks train with a group algorithm (grpo, dr_grpo, rloo, "
                              "reinforce_pp), not ppo")
+        if self.task is None and self.algorithm != "ppo" and len(self.env.ids) > 1:
+            raise ValueError(f"env.id: a list of env ids trains with ppo (fixed-turn streams); {self.algorithm} "
+                             "groups rollouts of one env seed")
         if self.task is not None and self.model.path is None and self.task.teacher is None:
             raise ValueError("task.teacher is needed to build a tiny model for a task (or set model.path)")
         return self

@@ -82,7 +82,7 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
                          "envs": {}} for mode in modes},
     }
     for env_id in env_ids:
-        kwargs = cfg.env.kwargs if env_id == cfg.env.id else {}
+        kwargs = cfg.env.kwargs if env_id in cfg.env.ids else {}
         envs = open_envs(env_id, kwargs, min(episodes, cfg.rollout.n_env), cfg.env.workers, cfg.env.timeout_s)
         try:
             for mode in modes:
@@ -105,7 +105,7 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
 
 def check_evaluable(cfg: TrainConfig, run_config: Path | None, env_ids: list[str] | None,
                     max_steps: int | None) -> list[str]:
-    """The env ids to play (`env_ids`, else the run's env); one clear error, before any model is
+    """The env ids to play (`env_ids`, else the run's env ids); one clear error, before any model is
     loaded, for what cannot be evaluated as asked."""
     if run_config is None and not env_ids:
         raise ValueError("this checkpoint has no run config.yaml beside it: name the env(s) with --env")
@@ -116,9 +116,9 @@ def check_evaluable(cfg: TrainConfig, run_config: Path | None, env_ids: list[str
     if run_config is not None and max_training_episodes(cfg) > HELD_OUT_START:
         raise ValueError(f"{run_config}: the run may have started up to {max_training_episodes(cfg)} episodes per "
                          f"collector, so it may have trained on the held-out seeds (from {HELD_OUT_START})")
-    env_ids = env_ids or [cfg.env.id]
+    env_ids = env_ids or cfg.env.ids
     for env_id in env_ids:
-        check_kwargs(env_id, cfg.env.kwargs if env_id == cfg.env.id else {})
+        check_kwargs(env_id, cfg.env.kwargs if env_id in cfg.env.ids else {})
     return env_ids
 
 

@@ -13,7 +13,7 @@ from horizonrl.rollout.fixed_turn import FixedTurnCollector
 
 def make_collector(tokenizer, engine, n_env=3, e_len=4, max_steps=6, memory=1):
     streams = open_envs("river", {"stones": 2, "max_steps": max_steps}, n_env, workers=False, timeout_s=10)
-    return FixedTurnCollector(streams, "river", Agent(tokenizer, memory=memory), engine,
+    return FixedTurnCollector(streams, Agent(tokenizer, memory=memory), engine,
                               SamplingParams(max_tokens=16), e_len, seed=5)
 
 
@@ -58,7 +58,7 @@ def test_truncation_closes_the_episode_with_a_final_observation_prompt(river_tin
 def test_invalid_output_runs_default_action_with_penalty_and_history_shows_it(river_tiny):
     tokenizer, model = river_tiny                       # untrained: emits no valid action
     engine = HFEngine(model, tokenizer.pad_token_id, seed=0)
-    collector = FixedTurnCollector([InProcessEnv("river", {})], "river", Agent(tokenizer, invalid_penalty=-0.25),
+    collector = FixedTurnCollector([InProcessEnv("river", {})], Agent(tokenizer, invalid_penalty=-0.25),
                                    engine, SamplingParams(max_tokens=8, stop_ids=stop_ids(tokenizer, model)), 2)
     (episode,) = collector.collect()
     first, second = episode.turns

@@ -77,7 +77,7 @@ def test_collector_recovers_crashed_and_hung_streams_while_the_others_keep_stepp
                         timeout_s=1.0)
     try:
         engine = RandomFormatEngine(tokenizer, handles[0].actions, seed=0)
-        collector = FixedTurnCollector(handles, "flaky-river", Agent(tokenizer), engine, SamplingParams(), 4)
+        collector = FixedTurnCollector(handles, Agent(tokenizer), engine, SamplingParams(), 4)
         episodes = collector.collect()
     finally:
         for handle in handles:

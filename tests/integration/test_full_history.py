@@ -17,7 +17,7 @@ def collect_full_history(tokenizer, feedback, e_len=6):
     handles = open_envs("river", {"stones": 3, "max_steps": 8}, 3, workers=False, timeout_s=10)
     engine = RandomFormatEngine(tokenizer, handles[0].actions, seed=0)
     agent = Agent(tokenizer, history="full", feedback=feedback)
-    collector = FixedTurnCollector(handles, "river", agent, engine, SamplingParams(stop_patterns=agent.stop_patterns),
+    collector = FixedTurnCollector(handles, agent, engine, SamplingParams(stop_patterns=agent.stop_patterns),
                                    e_len, seed=2)
     return collector.collect() + collector.collect()
 

@@ -9,7 +9,7 @@ from horizonrl.agents.agent import Agent
 from horizonrl.cli import main
 from horizonrl.envs.babyai import BabyAIEnv
 from horizonrl.learner.demonstrations import expert_episodes
-from horizonrl.learner.warm_start import build_tiny_for_env
+from horizonrl.learner.warm_start import build_tiny_for_envs
 from horizonrl.config import TinyModel
 from horizonrl.records import Episode
 
@@ -32,7 +32,7 @@ def test_following_the_bot_solves_babyai_tasks(task):
 
 def test_expert_episodes_are_rendered_through_the_agents_own_prompts():
     env = BabyAIEnv("goto")
-    tokenizer, _ = build_tiny_for_env(env, TinyModel(), seed=0, device=torch.device("cpu"))
+    tokenizer, _ = build_tiny_for_envs([env], TinyModel(), seed=0, device=torch.device("cpu"))
     agent = Agent(tokenizer, memory=1)
     demos: list[Episode] = expert_episodes(agent, "babyai/goto", {}, episodes=4, max_turns=64, seed=0)
     assert len(demos) == 4 and all(e.metrics["success"] for e in demos)
@@ -48,7 +48,7 @@ def test_expert_episodes_are_rendered_through_the_agents_own_prompts():
 
 def test_an_env_without_an_expert_is_refused_with_one_message():
     env = BabyAIEnv("goto")
-    tokenizer, _ = build_tiny_for_env(env, TinyModel(), seed=0, device=torch.device("cpu"))
+    tokenizer, _ = build_tiny_for_envs([env], TinyModel(), seed=0, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="river has no expert"):
         expert_episodes(Agent(tokenizer), "river", {}, episodes=1, max_turns=8, seed=0)
 
@@ -63,3 +63,13 @@ def test_sft_command_fits_the_demonstrations_and_saves_a_checkpoint(tmp_path):
     losses = [r["sft/loss"] for r in records[1:]]
     assert len(losses) == 40 and sum(losses[-5:]) < 0.5 * sum(losses[:5])
     assert (run_dir / "checkpoint" / "config.json").exists()
+
+
+def test_sft_on_several_env_ids_demonstrates_each(tmp_path):
+    args = ["sft", "env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}", "sft.episodes=3", "sft.steps=2",
+            "name=two-tasks", f"output_dir={tmp_path}"]
+    assert main(args) == 0
+    (run_dir,) = tmp_path.iterdir()
+    demonstrations = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert demonstrations["env/episodes"] == 6
+    assert demonstrations["env/babyai/goto/success_rate"] == demonstrations["env/babyai/pickup/success_rate"] == 1.0

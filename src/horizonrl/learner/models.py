@@ -4,6 +4,7 @@ frozen reference policy; plus loading a policy from a path or hub id, or buildin
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -12,9 +13,27 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 from horizonrl.config import ConfigError
 
 
+BUILTIN = "builtin:"
+BUILTIN_CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """`builtin:<name>` is a checkpoint shipped inside the package (horizonrl/checkpoints/<name>);
+    anything else is a local folder or a hub id, returned as is."""
+    if not name_or_path.startswith(BUILTIN):
+        return name_or_path
+    folder = BUILTIN_CHECKPOINTS / name_or_path.removeprefix(BUILTIN)
+    if not (folder / "config.json").is_file():
+        shipped = sorted(BUILTIN + p.parent.name for p in BUILTIN_CHECKPOINTS.glob("*/config.json"))
+        raise ConfigError(f"model.path: no built-in checkpoint {name_or_path!r}; shipped: {', '.join(shipped)}")
+    return str(folder)
+
+
 def load_policy(name_or_path: str, device: torch.device):
-    """Tokenizer and causal LM from a Hugging Face hub id or a local folder (weights kept in fp32:
-    mixed precision happens in autocast, the optimizer holds full-precision master weights)."""
+    """Tokenizer and causal LM from a Hugging Face hub id, a local folder or a `builtin:` checkpoint
+    (weights kept in fp32: mixed precision happens in autocast, the optimizer holds full-precision
+    master weights)."""
+    name_or_path = resolve_model_path(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32).to(device)

@@ -61,6 +61,12 @@ def series(records: list[dict], key: str, algorithm: str) -> tuple[list[float], 
     return [x for x, _ in points], [y for _, y in points]
 
 
+def task_plots(metrics: list[dict]) -> list[tuple[str, str]]:
+    """(title, key) of the per-task success rates of a multi-task run (report/metrics.task_success)."""
+    keys = sorted({k for r in metrics for k in r if k.startswith("env/") and k.endswith("/success_rate")} - {PLOTS[0][1]})
+    return [(f"success rate: {key.removeprefix('env/').removesuffix('/success_rate')}", key) for key in keys]
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -68,7 +74,7 @@ def _is_number(value) -> bool:
 def render_report(name: str, algorithm: str, metrics: list[dict], trajectories: list[dict], config_text: str) -> str:
     """The whole page as a string."""
     figures = "".join(f'<figure data-key="{escape(key)}">{line_plot(*series(metrics, key, algorithm), title)}</figure>'
-                      for title, key in PLOTS)
+                      for title, key in PLOTS + task_plots(metrics))
     warmup = any(r.get("phase") == "critic_warmup" for r in metrics)
     note = " Iteration 0 is the critic warmup (episodes of the untrained policy)." if warmup else ""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(name)}</title>'

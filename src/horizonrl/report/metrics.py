@@ -1,8 +1,9 @@
 """Metrics: one JSON object per iteration in runs/<name>/metrics.jsonl, namespaced keys.
 
-Episode statistics (`env/*`) are over the episodes that finished in the iteration (not those closed by
-an env error: they are counted in `env/errored_episodes`); per-turn ones over every turn collected in
-it, including the numbers an env reports in `info["metrics"]` at each step.
+Episode statistics (`env/*`, and `env/<task>/success_rate` per task of a multi-task run) are over the
+episodes that finished in the iteration (not those closed by an env error: they are counted in
+`env/errored_episodes`); per-turn ones over every turn collected in it, including the numbers an env
+reports in `info["metrics"]` at each step.
 """
 
 from __future__ import annotations
@@ -40,7 +41,19 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "rollout/prompt_length": mean([len(t.prompt_ids) for t in turns]),
         "rollout/truncated_responses": sum(t.info.get("finish_reason") == "length" for t in turns),
         **tool_metrics(turns),
+        **task_success(episodes),
     }
+
+
+def task_success(episodes: list[Episode]) -> dict[str, float]:
+    """`env/<task>/success_rate` per task when the episodes span several (a multi-task run)."""
+    by_task: dict[str, list[float]] = {}
+    for e in episodes:
+        if e.finished and "error" not in e.metrics:
+            by_task.setdefault(e.task, []).append(e.metrics["success"])
+    if len(by_task) < 2:
+        return {}
+    return {f"env/{task}/success_rate": mean(values) for task, values in sorted(by_task.items())}
 
 
 def tool_metrics(turns) -> dict[str, float]:

@@ -25,11 +25,11 @@ from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, 
 
 
 class FixedTurnCollector:
-    def __init__(self, envs: list, task: str, agent: Agent, engine: Engine, params: SamplingParams,
-                 e_len: int, seed: int = 0):
-        """`envs`: async env handles (horizonrl.envs.pool), one per stream."""
+    def __init__(self, envs: list, agent: Agent, engine: Engine, params: SamplingParams, e_len: int, seed: int = 0):
+        """`envs`: async env handles (horizonrl.envs.pool), one per stream; a stream's episodes are
+        tasks of its handle's `env_id`."""
         self.agent, self.engine, self.params, self.e_len = agent, engine, params, e_len
-        self.streams = [EnvStream(i, env, task, next_seed=first_training_seed(seed) + i, seed_stride=len(envs))
+        self.streams = [EnvStream(i, env, env.env_id, next_seed=first_training_seed(seed) + i, seed_stride=len(envs))
                         for i, env in enumerate(envs)]
         self.errors: list[str] = []
 

@@ -25,7 +25,7 @@ from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import resolve_device
 from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, pad_token_id
 from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
-from horizonrl.learner.warm_start import build_tiny_for_env, format_warm_start
+from horizonrl.learner.warm_start import build_tiny_for_envs, format_warm_start
 from horizonrl.report.html import write_report
 from horizonrl.report.metrics import MetricsLog, episode_metrics
 from horizonrl.report.trajectories import trajectory_records, write_trajectories
@@ -42,7 +42,7 @@ from horizonrl.train.warmup import critic_warmup
 def train(cfg: TrainConfig, progress: bool = True) -> Path:
     """Run a whole training job; returns the run folder runs/<name>-<time>/, report.html written last."""
     torch.manual_seed(cfg.seed)
-    envs = [] if cfg.task is not None else open_envs(cfg.env.id, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
+    envs = [] if cfg.task is not None else open_envs(cfg.env.ids, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
                                                      cfg.env.timeout_s)
     try:
         run_dir = _train(cfg, envs, progress)
@@ -64,7 +64,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
         if cfg.task is not None:
             task_warm_start(actor, tokenizer, cfg)
         else:
-            format_warm_start(actor, agent, envs, cfg.env.id, cfg.model.warm_start, rollout.e_len, cfg.seed)
+            format_warm_start(actor, agent, envs, cfg.model.warm_start, rollout.e_len, cfg.seed)
     run_dir = make_run_dir(cfg)
     if cfg.model.path is None:
         save_checkpoint(run_dir / "init", actor, tokenizer)
@@ -82,7 +82,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     metrics_log = MetricsLog(run_dir / "metrics.jsonl")
     if cfg.algorithm != "ppo":
         collector = (task_collector(cfg, tokenizer, engine, params) if cfg.task is not None else
-                     EpisodeGroupCollector(envs, cfg.env.id, agent, engine, params, cfg.group.group_size,
+                     EpisodeGroupCollector(envs, cfg.env.ids[0], agent, engine, params, cfg.group.group_size,
                                            cfg.group.max_turns, load_reward_fn(cfg.group.reward_fn), cfg.seed))
         group_iterations(cfg, collector, engine, actor, reference, actor_opt, actor_loss, pad_id, shuffle,
                          metrics_log, device, progress, tokenizer, run_dir)
@@ -92,7 +92,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     critic = ValueModel.from_policy(actor).eval()
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=ppo.critic_lr, weight_decay=ppo.weight_decay)
     critic_loss = critic_loss_fn(critic, ppo.value_clip, ppo.first_token_weight)
-    collector = FixedTurnCollector(envs, cfg.env.id, agent, engine, params, rollout.e_len, cfg.seed)
+    collector = FixedTurnCollector(envs, agent, engine, params, rollout.e_len, cfg.seed)
 
     def collect_and_score():
         started = time.perf_counter()
@@ -147,12 +147,13 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
 
 
 def build_policy(cfg: TrainConfig, device) -> tuple:
-    """(tokenizer, policy): loaded from `model.path`, else a tiny model for the task or env."""
+    """(tokenizer, policy): loaded from `model.path`, else a tiny model for the task or the env(s)."""
     if cfg.model.path is not None:
         return load_policy(cfg.model.path, device)
     if cfg.task is not None:
         return build_tiny_for_task(cfg, device)
-    return build_tiny_for_env(env_registry.make(cfg.env.id, **cfg.env.kwargs), cfg.model.tiny, cfg.seed, device)
+    envs = [env_registry.make(env_id, **cfg.env.kwargs) for env_id in cfg.env.ids]
+    return build_tiny_for_envs(envs, cfg.model.tiny, cfg.seed, device)
 
 
 def make_run_dir(cfg: TrainConfig) -> Path:

@@ -1,6 +1,6 @@
 """`horizonrl sft`: a supervised warm start from expert demonstrations.
 
-    build the policy (as `train` does)  ->  the env's expert plays `sft.episodes` episodes through the
+    build the policy (as `train` does)  ->  each env's expert plays `sft.episodes` episodes through the
     agent's exact prompts  ->  cross-entropy on the expert's response tokens only  ->  runs/<name>/checkpoint
 
 The checkpoint loads back as `model.path=runs/<name>-<time>/checkpoint` for `train` and `eval`.
@@ -33,7 +33,8 @@ def sft(cfg: TrainConfig) -> Path:
     device = resolve_device(cfg.device)
     tokenizer, policy = build_policy(cfg, device)
     agent = make_agent(tokenizer, cfg.agent)
-    demos = expert_episodes(agent, cfg.env.id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed)
+    demos = [episode for env_id in cfg.env.ids
+             for episode in expert_episodes(agent, env_id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed)]
     demo_metrics = episode_metrics(demos)
     log.info("%d expert episodes, %d turns, success rate %.3f", len(demos), demo_metrics["env/turns"],
              demo_metrics["env/success_rate"])
