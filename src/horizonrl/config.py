@@ -2,15 +2,23 @@
 
 A wrong key, type or value is one `ConfigError` whose message names the key, e.g.
     ppo.clip_low: Input should be a valid number (got 'abc')
+    ppo.mini_batch_size: 100 does not divide the rollout.n_env * rollout.e_len = 256 turns of a batch
+Validated: every count and size (each has a lower bound); options that contradict each other or would
+do nothing (samples=merged with a window history merges nothing: an error, not a warning); and what
+the config names: the env id and its kwargs (one env is built to check their values), the
+"module:attribute" references of `task` and `group.reward_fn` (imported). `model.path` is checked
+where it is loaded (learner/models.load_policy). Settings that an algorithm does not read are no
+error: `group.*` under ppo; the critic's settings and `kl_coef` (KL in the reward) under the group
+algorithms. `kl_loss_coef` (KL in the actor loss) works with every algorithm, ppo included.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"        # recipes inside an installed wheel
 SOURCE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # recipes in a source checkout
@@ -19,6 +27,34 @@ DEFAULT_RECIPE = "toy.yaml"
 
 class ConfigError(ValueError):
     """A configuration problem, with a message meant for the user."""
+
+
+class InvalidKey(ValueError):
+    """Raised by a section's model validator about one of its keys (`key`: dotted, relative to the
+    section), so that the message names that key (model.warm_start) and not only the section (model)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _import_target(reference: str) -> str:
+    """`reference` itself once "module:attribute" imports; ValueError saying why it does not."""
+    from horizonrl.tools.registry import import_target
+
+    import_target(reference)
+    return reference
+
+
+def _tool_references(references: list[str]) -> list[str]:
+    """`references` once every tool they name loads; ValueError naming the one that does not."""
+    from horizonrl.tools.registry import tools_from_references
+
+    tools_from_references(references)
+    return references
+
+
+Importable = Annotated[str, AfterValidator(_import_target)]
 
 
 class Section(BaseModel):
@@ -35,6 +71,14 @@ class TinyModel(Section):
     num_kv_heads: int = Field(2, gt=0)
     intermediate_size: int = Field(192, gt=0)
     max_position_embeddings: int = Field(2048, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyModel:
+        if self.hidden_size % self.num_heads:
+            raise InvalidKey("num_heads", f"{self.num_heads} does not divide hidden_size = {self.hidden_size}")
+        if self.num_heads % self.num_kv_heads:
+            raise InvalidKey("num_kv_heads", f"{self.num_kv_heads} does not divide num_heads = {self.num_heads}")
+        return self
 
 
 class WarmStart(Section):
@@ -54,7 +98,7 @@ class ModelConfig(Section):
     @model_validator(mode="after")
     def _warm_start_needs_tiny(self) -> ModelConfig:
         if self.path is not None and self.warm_start is not None:
-            raise ValueError("warm_start trains the tiny model from scratch; set it to null with model.path")
+            raise InvalidKey("warm_start", "trains the tiny model from scratch; set it to null with model.path")
         return self
 
 
@@ -64,14 +108,26 @@ class EnvConfig(Section):
     workers: bool = Field(False, description="run each env stream in its own worker process")
     timeout_s: float = Field(60.0, gt=0, description="an env call in a worker slower than this is restarted")
 
+    @field_validator("id")
+    @classmethod
+    def _known_envs(cls, env_id: str | list[str]) -> str | list[str]:
+        from horizonrl.envs import factory
+
+        if env_id == []:
+            raise ValueError("an empty list names no env")
+        for one in [env_id] if isinstance(env_id, str) else env_id:
+            factory(one)  # an unknown id, or a package the env needs is missing
+        return env_id
+
     @model_validator(mode="after")
-    def _known_env_and_kwargs(self) -> EnvConfig:
+    def _kwargs_fit(self) -> EnvConfig:
         from horizonrl.envs import check_kwargs
 
-        if not self.ids:
-            raise ValueError("env.id: an empty list names no env")
-        for env_id in self.ids:
-            check_kwargs(env_id, self.kwargs)
+        try:
+            for env_id in self.ids:
+                check_kwargs(env_id, self.kwargs)
+        except ValueError as error:
+            raise InvalidKey("kwargs", str(error)) from None
         return self
 
     @property
@@ -95,7 +151,10 @@ class AgentConfig(Section):
     def _continuation_needs_full_history(self) -> AgentConfig:
         from horizonrl.agents.agent import check_feedback
 
-        check_feedback(self.history, self.feedback)
+        try:
+            check_feedback(self.history, self.feedback)
+        except ValueError as error:
+            raise InvalidKey("feedback", str(error)) from None
         return self
 
 
@@ -150,7 +209,7 @@ class GroupConfig(Section):
     n_tasks: int = Field(8, gt=0, description="tasks (env seeds) per batch")
     group_size: int = Field(8, gt=1, description="rollouts per task")
     max_turns: int = Field(32, gt=0, description="turns after which an episode is truncated")
-    reward_fn: str | None = Field(None, description='"module:function" taking an Episode; None: its return')
+    reward_fn: Importable | None = Field(None, description='"module:function" taking an Episode; None: its return')
 
 
 class SFTConfig(Section):
@@ -167,10 +226,12 @@ class TaskConfig(Section):
     """A tool-use or interaction task for the agent loop, instead of a game env (needs algorithm != ppo;
     `group.max_turns` bounds the responses, `group.reward_fn` scores the episode)."""
 
-    source: str = Field(description='"module:function" giving the Task for a seed')
-    tools: list[str] = Field([], description='"module:name" of a Tool or function, or a tools YAML file')
-    interaction: str | None = Field(None, description='"module:Class" of an Interaction or MultiTurnScheduler')
-    teacher: str | None = Field(None, description='"module:function" (tasks) -> responder, for the tiny warm start')
+    source: Importable = Field(description='"module:function" giving the Task for a seed')
+    tools: Annotated[list[str], AfterValidator(_tool_references)] = Field(
+        [], description='"module:name" of a Tool or function, or a tools YAML file')
+    interaction: Importable | None = Field(None, description='"module:Class" of an Interaction or MultiTurnScheduler')
+    teacher: Importable | None = Field(None, description='"module:function" (tasks) -> responder, for the tiny '
+                                                        'warm start')
     feedback: Literal["new_round", "continuation"] = "new_round"
     max_total_tokens: int = Field(1024, gt=0, description="tokens after the first prompt (responses + feedback)")
     max_parallel_calls: int = Field(4, gt=0)
@@ -180,7 +241,7 @@ class TaskConfig(Section):
 
 class TrainConfig(Section):
     name: str = "toy"
-    seed: int = 0
+    seed: int = Field(0, ge=0, description="env seeds count up from seed * 1_000_003 (rollout/seeds.py)")
     iterations: int = Field(60, ge=0)
     device: str = "auto"
     output_dir: str = "runs"
@@ -190,7 +251,9 @@ class TrainConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     ppo: PPOConfig = PPOConfig()
     algorithm: Literal["ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp"] = "ppo"
-    samples: Literal["per_turn", "merged"] = "per_turn"
+    samples: Literal["per_turn", "merged"] = Field(
+        "per_turn", description="merged: one row per run of turns whose prompts extend each other; needs "
+                                "agent.history=full for env episodes (agent-loop tasks always extend)")
     merge: MergeConfig = MergeConfig()
     group: GroupConfig = GroupConfig()
     task: TaskConfig | None = None
@@ -205,21 +268,30 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _task_fits(self) -> TrainConfig:
         if self.task is not None and self.algorithm == "ppo":
-            raise ValueError("task: agent-loop tasks train with a group algorithm (grpo, dr_grpo, rloo, "
-                             "reinforce_pp), not ppo")
+            raise InvalidKey("algorithm", "agent-loop tasks (task:) train with a group algorithm (grpo, dr_grpo, "
+                                          "rloo, reinforce_pp), not ppo")
         if self.task is None and self.algorithm != "ppo" and len(self.env.ids) > 1:
-            raise ValueError(f"env.id: a list of env ids trains with ppo (fixed-turn streams); {self.algorithm} "
-                             "groups rollouts of one env seed")
+            raise InvalidKey("env.id", f"a list of env ids trains with ppo (fixed-turn streams); {self.algorithm} "
+                                       "groups rollouts of one env seed")
         if self.task is not None and self.model.path is None and self.task.teacher is None:
-            raise ValueError("task.teacher is needed to build a tiny model for a task (or set model.path)")
+            raise InvalidKey("task.teacher", "is needed to build a tiny model for a task (or set model.path)")
+        return self
+
+    @model_validator(mode="after")
+    def _merged_rows_can_merge(self) -> TrainConfig:
+        """With a window history no prompt extends the previous prompt + response: every turn would be
+        a row of its own, as with per_turn, after a futile prefix comparison per turn."""
+        if self.samples == "merged" and self.task is None and self.agent.history == "window":
+            raise InvalidKey("samples", "merged rows need agent.history=full (with history=window no prompt "
+                                        "extends the one before, so nothing merges); use samples=per_turn")
         return self
 
     @model_validator(mode="after")
     def _batch_divides(self) -> TrainConfig:
         turns = self.rollout.n_env * self.rollout.e_len
         if turns % self.ppo.mini_batch_size:
-            raise ValueError(f"rollout.n_env * rollout.e_len = {turns} turns per batch is not divisible by "
-                             f"ppo.mini_batch_size = {self.ppo.mini_batch_size}")
+            raise InvalidKey("ppo.mini_batch_size", f"{self.ppo.mini_batch_size} does not divide the "
+                                                    f"rollout.n_env * rollout.e_len = {turns} turns of a batch")
         return self
 
 
@@ -245,7 +317,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
         key, sep, value = override.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {override!r} is not of the form key=value")
-        _set_dotted(raw, key.strip(), yaml.safe_load(value) if value.strip() else None)
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as error:
+            reason = getattr(error, "problem", None) or error
+            raise ConfigError(f"override {key.strip()}: {value!r} is not valid YAML ({reason})") from None
+        _set_dotted(raw, key.strip(), parsed)
     return validate(raw)
 
 
@@ -257,7 +334,13 @@ def validate(raw: dict) -> TrainConfig:
 
 
 def _describe(error: dict) -> str:
-    key = ".".join(str(part) for part in error["loc"]) or "config"
+    """`key: what is wrong` for one pydantic error; the key is the field's dotted location, extended by
+    the key an `InvalidKey` names."""
+    loc = [str(part) for part in error["loc"]]
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, InvalidKey):
+        loc.append(cause.key)
+    key = ".".join(loc) or "config"
     if error["type"] == "extra_forbidden":
         return f"{key}: unknown key"
     message = error["msg"].removeprefix("Value error, ")

@@ -55,6 +55,8 @@ def model_to_load(checkpoint: Path, cfg: TrainConfig, run_config: Path | None) -
         return str(checkpoint)
     if checkpoint.name == "init" and run_config is not None and cfg.model.path is not None:
         return cfg.model.path
+    if not checkpoint.is_dir():
+        raise ValueError(f"{checkpoint}: no such folder")
     raise ValueError(f"{checkpoint}: not a checkpoint folder (no config.json) nor a run folder (no config.yaml)")
 
 

@@ -7,6 +7,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from horizonrl.cli import main
+from horizonrl.learner.models import is_local_path
 from horizonrl.report.metrics import read_metrics
 
 REQUIRED_KEYS = [
@@ -49,11 +50,39 @@ def test_checkpoint_loads_back_as_model_path(tmp_path):
     assert [r["iteration"] for r in read_metrics(resumed / "metrics.jsonl")] == [0, 1]
 
 
-def test_unloadable_model_path_is_one_clear_error(tmp_path, capsys):
-    assert main(["train", "model.warm_start=null", f"model.path={tmp_path / 'nowhere'}",
+def vocab_mismatch(folder, river_tiny):
+    """A checkpoint whose tokenizer has 3 more tokens than its model embeds."""
+    tokenizer, model = river_tiny
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    grown = AutoTokenizer.from_pretrained(folder)
+    grown.add_tokens([f"<extra_{i}>" for i in range(model.get_input_embeddings().num_embeddings - len(grown) + 3)])
+    grown.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("model_path,message", [
+    (lambda tmp, tiny: tmp / "nowhere", "model.path: no such folder: {tmp}/nowhere"),
+    (lambda tmp, tiny: tmp, "model.path: {tmp} is not a model folder (no config.json)"),
+    (lambda tmp, tiny: vocab_mismatch(tmp / "grown", tiny),
+     "model.path: {tmp}/grown: tokenizer has 715 tokens but the model embeds only 712"),
+])
+def test_unloadable_model_path_is_one_clear_error(tmp_path, capsys, river_tiny, model_path, message):
+    assert main(["train", "model.warm_start=null", f"model.path={model_path(tmp_path, river_tiny)}",
                  f"output_dir={tmp_path}", "--quiet"]) == 2
-    assert "model.path: cannot load" in capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in capsys.readouterr().err
     assert not list(tmp_path.glob("toy-*")), "no run folder for a run that never started"
+
+
+@pytest.mark.parametrize("name,local", [
+    ("Qwen/Qwen2.5-3B-Instruct", False), ("gpt2", False), ("/models/qwen", True), ("./qwen", True),
+    ("../qwen", True), ("~/qwen", True), ("runs/toy-1/checkpoint", True), ("a/b/c", True),
+    ("models/qwen", True),          # its parent folder exists
+])
+def test_model_path_is_local_or_a_hub_id(name, local, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    assert is_local_path(name) == local
 
 
 @pytest.mark.parametrize("args,message", [

@@ -96,3 +96,5 @@ def test_bad_requests_are_one_clear_error(run_dir, capsys, args, message):
 def test_not_a_run_nor_a_checkpoint(tmp_path, capsys):
     assert main(["eval", str(tmp_path)]) == 2
     assert "not a checkpoint folder" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "gone")]) == 2
+    assert f"{tmp_path / 'gone'}: no such folder" in capsys.readouterr().err

@@ -1,6 +1,10 @@
-import pytest
+import typing
 
-from horizonrl.config import ConfigError, default_recipe, dump, load_config, validate
+import pytest
+from pydantic import BaseModel
+
+from horizonrl.cli import main
+from horizonrl.config import ConfigError, TrainConfig, default_recipe, dump, load_config, validate
 
 
 def test_default_recipe_loads_and_its_first_line_is_its_command():
@@ -15,27 +19,95 @@ def test_dotted_overrides_are_parsed_as_yaml():
     assert cfg.ppo.actor_lr == 1e-4 and cfg.rollout.n_env == 8 and cfg.ppo.dual_clip is None and cfg.name == "x y"
 
 
-@pytest.mark.parametrize("override,message", [
+BAD = [  # overrides of the default recipe -> the line of the error that names the key
     (["ppo.acto_lr=1"], "ppo.acto_lr: unknown key"),
+    (["epochs=2"], "epochs: unknown key"),
     (["ppo.actor_lr=abc"], "ppo.actor_lr: Input should be a valid number"),
+    (["rollout.n_env=2.5"], "rollout.n_env: Input should be a valid integer"),
+    (["env.workers=maybe"], "env.workers: Input should be a valid boolean"),
     (["rollout.n_env=-2"], "rollout.n_env: Input should be greater than 0"),
+    (["seed=-1"], "seed: Input should be greater than or equal to 0"),
     (["ppo.loss_agg=mean"], "ppo.loss_agg: Input should be 'token-mean', 'seq-mean-token-sum' or 'seq-mean-token-mean'"),
-    (["ppo.mini_batch_size=100"], "not divisible by ppo.mini_batch_size = 100"),
-    (["model.path=Qwen/Qwen2.5-0.5B-Instruct"], "model: warm_start trains the tiny model from scratch"),
+    (["ppo.mini_batch_size=100"],
+     "ppo.mini_batch_size: 100 does not divide the rollout.n_env * rollout.e_len = 256 turns of a batch"),
+    (["model.tiny.num_kv_heads=3"], "model.tiny.num_kv_heads: 3 does not divide num_heads = 4"),
+    (["model.path=Qwen/Qwen2.5-0.5B-Instruct"], "model.warm_start: trains the tiny model from scratch"),
     (["rollout=3"], "rollout: Input should be a valid dictionary"),
-    (["env.id=rivr"], "env: unknown env 'rivr'; known envs: babaisai/goto_win-distr_obj"),
-    (["env.kwargs.stone=3"], "env: kwargs do not fit env 'river': got an unexpected keyword argument 'stone'"),
-    (["novalue"], "override 'novalue' is not of the form key=value"),
-    (["task.source=horizonrl.tasks.arithmetic:make_task"], "agent-loop tasks train with a group algorithm"),
+    (["env.id=rivr"], "env.id: unknown env 'rivr'; known envs: babaisai/goto_win-distr_obj"),
+    (["env.id=babyai/gotoo"], "env.id: unknown env 'babyai/gotoo'"),
+    (["env.kwargs.stone=3"], "env.kwargs: kwargs do not fit env 'river': got an unexpected keyword argument 'stone'"),
+    (["env.kwargs.stones=30"], "env.kwargs: kwargs do not fit env 'river': need 1 <= stones <= max_steps"),
+    (["env.id=babyai/goto", "env.kwargs={task: goto_moon}"],
+     "env.kwargs: kwargs do not fit env 'babyai/goto': unknown BabyAI task 'goto_moon'"),
+    (["ppo.epochs=1", "novalue"], "override 'novalue' is not of the form key=value"),
+    (["env.kwargs={stones: 3"], "override env.kwargs: '{stones: 3' is not valid YAML"),
+    (["task.source=horizonrl.tasks.arithmetic:make_task"],
+     "algorithm: agent-loop tasks (task:) train with a group algorithm"),
     (["algorithm=grpo", "task.source=horizonrl.tasks.arithmetic:make_task"],
-     "task.teacher is needed to build a tiny model for a task (or set model.path)"),
-    (["agent.feedback=continuation"], "agent: feedback=continuation needs history=full"),
-])
-def test_bad_values_name_the_key(override, message):
+     "task.teacher: is needed to build a tiny model for a task (or set model.path)"),
+    (["algorithm=grpo", "task.source=horizonrl.tasks.arithmetic:make_tsk"],
+     "task.source: module 'horizonrl.tasks.arithmetic' has no attribute 'make_tsk'"),
+    (["algorithm=grpo", "task.source=horizonrl.tasks.algebra:make_task"],
+     "task.source: cannot import module 'horizonrl.tasks.algebra'"),
+    (["algorithm=grpo", "task.source=make_task"], "task.source: expected 'package.module:callable', got 'make_task'"),
+    (["algorithm=grpo", "group.reward_fn=horizonrl.tasks.arithmetic:rewards"],
+     "group.reward_fn: module 'horizonrl.tasks.arithmetic' has no attribute 'rewards'"),
+    (["task.tools=[tools.yaml]"], "task.tools: tools file 'tools.yaml' not found"),
+    (["task.tools=[horizonrl.tools:calculater]"],
+     "task.tools: tool 'horizonrl.tools:calculater': module 'horizonrl.tools' has no attribute 'calculater'"),
+    (["agent.feedback=continuation"], "agent.feedback: feedback=continuation needs history=full"),
+    (["samples=merged"], "samples: merged rows need agent.history=full"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD)
+def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(ConfigError) as error:
-        load_config(None, override)
-    assert message in str(error.value)
+        load_config(None, overrides)
+    assert any(line.startswith(message) for line in str(error.value).splitlines()), str(error.value)
     assert "Traceback" not in str(error.value)
+
+
+@pytest.mark.parametrize("overrides,message", BAD)
+def test_the_cli_prints_the_message_and_exits_2(overrides, message, capsys):
+    assert main(["train", *overrides]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("horizonrl: config error:\n")
+    assert message in captured.err and "Traceback" not in captured.err
+
+
+def int_fields(model: type[BaseModel], prefix: str = ""):
+    """(dotted key, FieldInfo) of every int field under `model`, sections included."""
+    for name, field in model.model_fields.items():
+        kinds = typing.get_args(field.annotation) or (field.annotation,)
+        for kind in kinds:
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                yield from int_fields(kind, f"{prefix}{name}.")
+            elif kind is int:
+                yield f"{prefix}{name}", field
+
+
+INT_FIELDS = sorted(key for key, _ in int_fields(TrainConfig))
+
+
+def test_every_count_and_size_has_a_lower_bound():
+    assert {"rollout.n_env", "rollout.e_len", "rollout.max_tokens", "ppo.mini_batch_size", "ppo.micro_batch_size",
+            "iterations", "model.tiny.vocab_size", "group.group_size", "task.max_total_tokens"} <= set(INT_FIELDS)
+    unbounded = [key for key, field in int_fields(TrainConfig)
+                 if not any(hasattr(bound, "gt") or hasattr(bound, "ge") for bound in field.metadata)]
+    assert not unbounded
+
+
+@pytest.mark.parametrize("key", INT_FIELDS)
+def test_negative_counts_and_sizes_name_the_key(key):
+    with pytest.raises(ConfigError) as error:
+        load_config(None, [f"{key}=-1"])
+    assert f"{key}: Input should be greater than" in str(error.value)
+
+
+def test_merged_rows_with_a_task_or_full_history_are_fine():
+    assert load_config(None, ["samples=merged", "agent.history=full"]).samples == "merged"
+    assert load_config(default_recipe().parent / "arithmetic.yaml").samples == "merged"
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

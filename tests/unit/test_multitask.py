@@ -13,9 +13,9 @@ def test_a_list_of_env_ids_is_accepted_and_checked_id_by_id():
     cfg = load_config(None, ["env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}"])
     assert cfg.env.ids == ["babyai/goto", "babyai/pickup"]
     assert load_config(None, []).env.ids == ["river"]
-    with pytest.raises(ConfigError, match="env: unknown env 'babyai/gotoo'"):
+    with pytest.raises(ConfigError, match="env.id: unknown env 'babyai/gotoo'"):
         load_config(None, ["env.id=[babyai/goto, babyai/gotoo]", "env.kwargs={}"])
-    with pytest.raises(ConfigError, match="env: env.id: an empty list names no env"):
+    with pytest.raises(ConfigError, match="env.id: an empty list names no env"):
         load_config(None, ["env.id=[]"])
     with pytest.raises(ConfigError, match="env.id: a list of env ids trains with ppo"):
         load_config(None, ["env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}", "algorithm=grpo"])

@@ -83,10 +83,14 @@ def factory(env_id: str) -> Callable[..., TextEnv]:
 
 
 def check_kwargs(env_id: str, kwargs: dict) -> None:
-    """Raise ValueError when `kwargs` do not fit the env's constructor (checked without building it)."""
+    """Raise ValueError when `kwargs` do not fit the env: its constructor does not take them, or rejects
+    their values (an unknown task, max_steps < 1). The values are checked by building one env, so a
+    constructor should only check and store its arguments and leave the work to `reset`."""
+    env_class = factory(env_id)
     try:
-        inspect.signature(factory(env_id)).bind(**{**spec(env_id).kwargs, **kwargs})
-    except TypeError as error:
+        inspect.signature(env_class).bind(**{**spec(env_id).kwargs, **kwargs})
+        make(env_id, **kwargs)
+    except (TypeError, ValueError) as error:
         raise ValueError(f"kwargs do not fit env {env_id!r}: {error}") from None
 
 

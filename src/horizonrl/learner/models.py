@@ -15,6 +15,7 @@ from horizonrl.config import ConfigError
 
 BUILTIN = "builtin:"
 BUILTIN_CHECKPOINTS = Path(__file__).resolve().parents[1] / "checkpoints"
+LOCAL_PREFIXES = ("/", "./", "../", "~", "runs/")
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -29,15 +30,32 @@ def resolve_model_path(name_or_path: str) -> str:
     return str(folder)
 
 
+def is_local_path(name_or_path: str) -> bool:
+    """Whether `name_or_path` names a local folder rather than a hub id ("name" or "org/name"): it
+    exists, starts with /, ./, ../, ~ or runs/, has more than one "/", or its parent folder exists."""
+    path = Path(name_or_path).expanduser()
+    return (path.exists() or name_or_path.startswith(LOCAL_PREFIXES) or name_or_path.count("/") > 1
+            or (path.parent != Path(".") and path.parent.is_dir()))
+
+
 def load_policy(name_or_path: str, device: torch.device):
     """Tokenizer and causal LM from a Hugging Face hub id, a local folder or a `builtin:` checkpoint
     (weights kept in fp32: mixed precision happens in autocast, the optimizer holds full-precision
-    master weights)."""
+    master weights). A local path (`is_local_path`) that is no model folder says so, rather than
+    being tried as a hub id."""
     name_or_path = resolve_model_path(name_or_path)
+    if is_local_path(name_or_path):
+        folder = Path(name_or_path).expanduser()
+        if not folder.is_dir():
+            raise ConfigError(f"model.path: no such folder: {folder} "
+                              "(a hub id looks like Qwen/Qwen2.5-0.5B-Instruct)")
+        if not (folder / "config.json").is_file():
+            raise ConfigError(f"model.path: {folder} is not a model folder (no config.json)")
+        name_or_path = str(folder)
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=torch.float32).to(device)
-    except OSError as error:  # not found locally, not on the hub, or no network
+    except (OSError, ValueError) as error:  # not on the hub, no network, files that do not load
         raise ConfigError(f"model.path: cannot load {name_or_path!r}: {error}") from None
     check_compatible(tokenizer, model, name_or_path)
     return tokenizer, model

@@ -3,7 +3,8 @@
 Episode statistics (`env/*`, and `env/<task>/success_rate` per task of a multi-task run) are over the
 episodes that finished in the iteration (not those closed by an env error: they are counted in
 `env/errored_episodes`); per-turn ones over every turn collected in it, including the numbers an env
-reports in `info["metrics"]` at each step.
+reports in `info["metrics"]` at each step and the engine's failed calls that were retried
+(`rollout/engine_retries`; engines/retry.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "rollout/response_length": mean([len(t.response_ids) for t in turns]),
         "rollout/prompt_length": mean([len(t.prompt_ids) for t in turns]),
         "rollout/truncated_responses": sum(t.info.get("finish_reason") == "length" for t in turns),
+        "rollout/engine_retries": sum(t.info.get("engine_retries", 0) for t in turns),
         **tool_metrics(turns),
         **task_success(episodes),
     }

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from horizonrl.agents.agent import chat_prompt_ids, new_round_ids
 from horizonrl.engines.base import Engine, SamplingParams
+from horizonrl.engines.retry import generate_with_retry
 from horizonrl.records import Episode, Task, Turn
 from horizonrl.rollout.interaction import Interaction
 from horizonrl.tools.calls import (CLOSE_TAG, ToolCall, ToolResult, format_tool_response, parse_tool_calls,
@@ -111,10 +112,12 @@ async def generating(loop: AgentLoop, trajectory: Trajectory) -> State:
         return terminate(trajectory, "max_total_tokens")
     params = replace(loop.params, max_tokens=min(loop.params.max_tokens, room))
     started = time.perf_counter()
-    generation = await loop.engine.generate(list(trajectory.ids), params)
+    generation, retries = await generate_with_retry(loop.engine, list(trajectory.ids), params)
     text = loop.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-    trajectory.turns.append(Turn(list(trajectory.ids), list(generation.token_ids), generation.logprobs, info={
-        "text": text, "finish_reason": generation.finish_reason, "generate_s": time.perf_counter() - started}))
+    info = {"text": text, "finish_reason": generation.finish_reason, "generate_s": time.perf_counter() - started}
+    if retries:
+        info["engine_retries"] = retries
+    trajectory.turns.append(Turn(list(trajectory.ids), list(generation.token_ids), generation.logprobs, info=info))
     trajectory.ids += generation.token_ids
     trajectory.messages.append({"role": "assistant", "content": text})
     if generation.finish_reason == "length":

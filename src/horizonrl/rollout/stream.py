@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from horizonrl.agents.agent import Agent
 from horizonrl.agents.prompt import HistoryEntry
 from horizonrl.engines.base import Engine, SamplingParams
+from horizonrl.engines.retry import generate_with_retry
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode, Turn
 
@@ -59,13 +60,14 @@ class EnvStream:
 
 async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: SamplingParams) -> tuple[Turn, str]:
     """Prompt, sample, parse, step: one Turn and the observation after it. The Turn's info holds the
-    env's info, the observation the agent acted on, and the engine's timing and finish reason."""
+    env's info, the observation the agent acted on, and the engine's timing, finish reason and
+    retried failures (`engine_retries`, when there were any)."""
     prompt_ids = agent.prompt_ids(stream.env, stream.history, stream.observation)
     started = time.perf_counter()
     # the stream's episode seed, its index (rollouts of one seed differ in it) and the turn: one
     # random stream per request, whatever else the engine batches with it (a hash of ints is stable)
     request_seed = hash((stream.seed, stream.index, stream.episode_length))
-    generation = await engine.generate(prompt_ids, replace(params, seed=request_seed))
+    generation, retries = await generate_with_retry(engine, prompt_ids, replace(params, seed=request_seed))
     generate_s = time.perf_counter() - started
     decision, plan = agent.decide(stream.env, generation.token_ids)
     observation, reward, terminated, truncated, info = await stream.env.step(decision.action)
@@ -78,6 +80,8 @@ async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: Sam
     info = dict(info, observation=stream.observation, generate_s=generate_s, finish_reason=generation.finish_reason)
     if not decision.valid:
         info["invalid_output"] = decision.raw_action if decision.raw_action is not None else "<no ACTION:>"
+    if retries:
+        info["engine_retries"] = retries
     turn = Turn(prompt_ids, generation.token_ids, generation.logprobs, reward, terminated, truncated,
                 decision.action, decision.valid, info)
     return turn, observation

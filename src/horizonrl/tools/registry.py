@@ -175,6 +175,23 @@ def load_tools(path: str | Path) -> list[Tool]:
     return list(tool_table(tools).values())
 
 
+def tools_from_references(references: list[str]) -> dict[str, Tool]:
+    """Tools by name from "module:name" references (a Tool or a plain function) and tools YAML files
+    (a task's `tools`); ValueError naming the reference that does not load."""
+    tools: list[Tool] = []
+    for reference in references:
+        if reference.endswith((".yaml", ".yml")):
+            if not Path(reference).is_file():
+                raise ValueError(f"tools file {reference!r} not found")
+            tools += load_tools(reference)
+        else:
+            try:
+                tools.append(tool_from_entry({"function": reference}))
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"tool {reference!r}: {err}") from None
+    return tool_table(tools)
+
+
 def tool_table(tools: Iterable[Tool]) -> dict[str, Tool]:
     """Tools by name; ValueError when two share a name."""
     table = {}

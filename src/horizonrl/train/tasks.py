@@ -24,20 +24,11 @@ from horizonrl.rollout.episode_groups import load_reward_fn
 from horizonrl.rollout.interaction import as_interaction
 from horizonrl.rollout.task_groups import TaskGroupCollector
 from horizonrl.samples.per_turn import per_turn
-from horizonrl.tools.registry import Tool, import_target, load_tools, tool_from_entry, tool_table
+from horizonrl.tools.registry import import_target, tools_from_references
 
 log = logging.getLogger(__name__)
 CORPUS_TASKS = 256        # tasks whose teacher conversations train the tiny tokenizer
 DEMO_SEED = 10_000_019    # warm-start tasks come from seeds far from the training seeds
-
-
-def task_tools(references: list[str]) -> dict[str, Tool]:
-    """Tools by name from "module:name" references (a Tool or a plain function) and tools YAML files."""
-    tools: list[Tool] = []
-    for reference in references:
-        is_file = reference.endswith((".yaml", ".yml"))
-        tools += load_tools(reference) if is_file else [tool_from_entry({"function": reference})]
-    return tool_table(tools)
 
 
 def make_agent_loop(cfg: TrainConfig, tokenizer, engine: Engine, params: SamplingParams) -> AgentLoop:
@@ -46,9 +37,9 @@ def make_agent_loop(cfg: TrainConfig, tokenizer, engine: Engine, params: Samplin
     if task.interaction is not None:
         provider = import_target(task.interaction)
         interaction_factory = lambda: as_interaction(provider())  # noqa: E731  one per episode
-    return AgentLoop(tokenizer, engine, params, task_tools(task.tools), interaction_factory, task.feedback,
-                     cfg.group.max_turns, task.max_total_tokens, task.max_parallel_calls, task.tool_timeout_s,
-                     task.max_tool_response_tokens)
+    return AgentLoop(tokenizer, engine, params, tools_from_references(task.tools), interaction_factory,
+                     task.feedback, cfg.group.max_turns, task.max_total_tokens, task.max_parallel_calls,
+                     task.tool_timeout_s, task.max_tool_response_tokens)
 
 
 def task_collector(cfg: TrainConfig, tokenizer, engine: Engine, params: SamplingParams) -> TaskGroupCollector:
