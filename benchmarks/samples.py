@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from horizonrl.config import TinyModel
+from horizonrl.config import MicroBatchBudget, TinyModel
 from horizonrl.learner.models import build_tiny_policy
 from horizonrl.learner.tokenizer import train_bpe_tokenizer
 from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates
@@ -54,7 +54,7 @@ def update_seconds(model, samples, micro_batch_size: int) -> tuple[float, int]:
     loss = actor_loss_fn(model, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0)
     rows = data["input_ids"].shape[0]
     started = time.perf_counter()
-    minibatch_updates(data, rows, micro_batch_size, 1, torch.Generator().manual_seed(0),
+    minibatch_updates(data, rows, MicroBatchBudget(micro_batch_size), 1, torch.Generator().manual_seed(0),
                       [(optimizer, loss, 1.0, Stats())])
     return time.perf_counter() - started, int(data["attention_mask"].sum())
 

@@ -14,6 +14,7 @@ algorithms. `kl_loss_coef` (KL in the actor loss) works with every algorithm, pp
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -168,6 +169,21 @@ class RolloutConfig(Section):
     prefix_cache_tokens: int = Field(65536, ge=0, description="KV of ended sequences kept for prompts that extend them")
 
 
+@dataclass(frozen=True)
+class MicroBatchBudget:
+    """What one forward/backward pass may hold: `rows` rows, or, when `tokens` is set, rows x longest
+    row <= tokens (see `learner.scoring.pack_rows`)."""
+
+    rows: int
+    tokens: int | None = None
+
+    def halved(self) -> MicroBatchBudget:
+        """Half the token budget, or half the rows when there is none (never below 1)."""
+        if self.tokens is None:
+            return MicroBatchBudget(max(1, self.rows // 2))
+        return MicroBatchBudget(self.rows, max(1, self.tokens // 2))
+
+
 class PPOConfig(Section):
     actor_lr: float = Field(1e-6, gt=0)
     critic_lr: float = Field(1e-5, gt=0)
@@ -190,9 +206,15 @@ class PPOConfig(Section):
     epochs: int = Field(1, gt=0)
     mini_batch_size: int = Field(128, gt=0, description="turns per optimizer step")
     micro_batch_size: int = Field(32, gt=0, description="rows per forward/backward pass")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, gt=0, description="rows x longest row per forward/backward pass; replaces micro_batch_size when set")
     grad_clip: float = Field(1.0, gt=0)
     warmup_batches: int = Field(4, ge=0, description="batches collected for critic warmup")
     warmup_iters: int = Field(5, ge=0, description="critic-only passes over the warmup batches")
+
+    @property
+    def micro_batch_budget(self) -> MicroBatchBudget:
+        return MicroBatchBudget(self.micro_batch_size, self.max_tokens_per_micro_batch)
 
 
 class MergeConfig(Section):

@@ -50,6 +50,16 @@ def test_checkpoint_loads_back_as_model_path(tmp_path):
     assert [r["iteration"] for r in read_metrics(resumed / "metrics.jsonl")] == [0, 1]
 
 
+def test_train_with_a_token_budget_per_micro_batch(tmp_path):
+    assert main(["train", *SMALL, "iterations=1", "ppo.max_tokens_per_micro_batch=256", f"output_dir={tmp_path}",
+                 "--quiet"]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    (warmup, record) = read_metrics(run_dir / "metrics.jsonl")
+    assert warmup["train/critic/oom_retries"] == 0
+    assert record["train/actor/oom_retries"] == record["train/critic/oom_retries"] == 0
+    assert record["train/actor/skipped_updates"] == 0
+
+
 def vocab_mismatch(folder, river_tiny):
     """A checkpoint whose tokenizer has 3 more tokens than its model embeds."""
     tokenizer, model = river_tiny

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from horizonrl.algos.losses import aggregate
-from horizonrl.learner.scoring import micro_batches, token_logprobs
+from horizonrl.learner.scoring import select_rows, token_logprobs
 from horizonrl.records import SampleBatch
 from horizonrl.samples.tensors import row_tensors
 
@@ -24,7 +24,7 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
     losses = []
     for _ in range(steps):
         rows = torch.randint(n_rows, (min(batch_size, n_rows),), generator=generator).tolist()
-        (mb,) = micro_batches(data, rows, len(rows))
+        mb = select_rows(data, rows)
         logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
         loss = -aggregate(logp, mb["loss_mask"], "token-mean")
         optimizer.zero_grad(set_to_none=True)

@@ -1,8 +1,10 @@
 """Optimizer steps for the actor and the critic: mini-batches, micro-batch gradient accumulation,
-gradient clipping.
+gradient clipping, a retry with half the micro-batch budget after running out of memory.
 
 Every micro-batch loss is normalised by its mini-batch's token and row counts (see
-`algos.losses.aggregate`), so the accumulated gradient equals the full mini-batch gradient.
+`algos.losses.aggregate`), never by its own, so the accumulated gradient equals the full mini-batch
+gradient however the rows are packed into micro-batches (by rows or by a token budget), for every
+loss aggregation mode.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from torch import Tensor
 from horizonrl.algos.kl import kl_estimate
 from horizonrl.algos.losses import (aggregate, approx_kl, first_token_weights, ppo_policy_loss,
                                     value_loss)
+from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.scoring import micro_batches, token_logprobs, token_values
 
 log = logging.getLogger(__name__)
@@ -40,19 +43,60 @@ class Stats:
     def means(self, prefix: str) -> dict[str, float]:
         return {f"{prefix}{k}": s / self.counts[k] if self.counts[k] else s for k, s in self.sums.items()}
 
+    def merge(self, other: Stats) -> None:
+        for name, total in other.sums.items():
+            self.add(name, total, other.counts[name])
 
-def optimizer_step(optimizer, batches: Iterable[dict[str, Tensor]], loss_fn: LossFn,
-                   num_tokens: float, num_seqs: float, grad_clip: float, stats: Stats) -> None:
-    """One optimizer step over a mini-batch given as micro-batches; skips (and counts) the step when
-    the loss or the gradient norm is not finite."""
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch.OutOfMemoryError, or a RuntimeError saying "out of memory" (CPU allocators, older torch)."""
+    return isinstance(error, torch.OutOfMemoryError) or (isinstance(error, RuntimeError)
+                                                         and "out of memory" in str(error))
+
+
+def accumulate_gradients(optimizer, batches: Iterable[dict[str, Tensor]], loss_fn: LossFn,
+                         num_tokens: float, num_seqs: float) -> tuple[float, Stats]:
+    """Zero the gradients, then backward every micro-batch's loss; returns the summed loss and the
+    loss function's statistics."""
     optimizer.zero_grad(set_to_none=True)
-    loss_total = 0.0
+    loss_total, stats = 0.0, Stats()
     for mb in batches:
         loss, parts = loss_fn(mb, num_tokens, num_seqs)
         loss.backward()
         loss_total += loss.item()
         for name, (total, count) in parts.items():
             stats.add(name, total, count)
+    return loss_total, stats
+
+
+def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: MicroBatchBudget,
+                   loss_fn: LossFn, num_tokens: float, num_seqs: float, grad_clip: float,
+                   stats: Stats) -> MicroBatchBudget:
+    """One optimizer step over the mini-batch `rows` of `data`, in micro-batches within `budget`.
+
+    Out of memory in a micro-batch: the step starts again from zero gradients with the budget halved
+    (counted in `oom_retries`); out of memory again is an error. Skips (and counts in
+    `skipped_updates`) the step when the loss or the gradient norm is not finite. Returns the budget
+    the step ran with.
+    """
+    for retry in (False, True):
+        try:
+            loss_total, step_stats = accumulate_gradients(optimizer, micro_batches(data, rows, budget), loss_fn,
+                                                          num_tokens, num_seqs)
+            break
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            if retry:
+                raise RuntimeError(f"out of memory in a micro-batch again with the halved budget {budget}; "
+                                   "lower ppo.max_tokens_per_micro_batch (or ppo.micro_batch_size)") from error
+        # outside the except block, so that the failed attempt's tensors are freed
+        optimizer.zero_grad(set_to_none=True)
+        halved = budget.halved()
+        log.warning("out of memory in a micro-batch with %s: retrying the step with %s", budget, halved)
+        budget = halved
+    stats.merge(step_stats)
+    stats.add("oom_retries", float(retry), 0.0)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
     finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
@@ -64,6 +108,7 @@ def optimizer_step(optimizer, batches: Iterable[dict[str, Tensor]], loss_fn: Los
         log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", loss_total, grad_norm)
         optimizer.zero_grad(set_to_none=True)
     stats.add("skipped_updates", float(not finite), 0.0)
+    return budget
 
 
 def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) -> LossFn:
@@ -110,16 +155,18 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
     return loss_fn
 
 
-def minibatch_updates(data: dict[str, Tensor], mini_batch_size: int, micro_batch_size: int, epochs: int,
+def minibatch_updates(data: dict[str, Tensor], mini_batch_size: int, budget: MicroBatchBudget, epochs: int,
                       generator: torch.Generator, steps: list[tuple[object, LossFn, float, Stats]]) -> None:
     """For each epoch, shuffle the rows, cut them into mini-batches and run one optimizer step per
-    (optimizer, loss_fn, grad_clip, stats) in `steps` on each mini-batch."""
+    (optimizer, loss_fn, grad_clip, stats) in `steps` on each mini-batch. A budget halved after
+    running out of memory holds for that entry's later steps in this call."""
     n_rows = data["input_ids"].shape[0]
+    budgets = [budget] * len(steps)
     for _ in range(epochs):
         order = torch.randperm(n_rows, generator=generator).tolist()
         for begin in range(0, n_rows, mini_batch_size):
             rows = order[begin:begin + mini_batch_size]
             num_tokens = float(data["loss_mask"][rows].sum())
-            for optimizer, loss_fn, grad_clip, stats in steps:
-                optimizer_step(optimizer, micro_batches(data, rows, micro_batch_size), loss_fn,
-                               num_tokens, float(len(rows)), grad_clip, stats)
+            for i, (optimizer, loss_fn, grad_clip, stats) in enumerate(steps):
+                budgets[i] = optimizer_step(optimizer, data, rows, budgets[i], loss_fn, num_tokens,
+                                            float(len(rows)), grad_clip, stats)

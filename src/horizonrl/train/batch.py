@@ -19,7 +19,7 @@ from horizonrl.algos.advantages import dual_discount_gae, whiten
 from horizonrl.algos.group import broadcast_to_tokens, group_advantages
 from horizonrl.algos.kl import kl_estimate, kl_in_reward
 from horizonrl.algos.losses import explained_variance
-from horizonrl.config import MergeConfig, PPOConfig
+from horizonrl.config import MergeConfig, MicroBatchBudget, PPOConfig
 from horizonrl.learner.scoring import prompt_values, score
 from horizonrl.records import Episode, SampleBatch
 from horizonrl.samples.merge import MergeReport, merge_turns, write_mismatches
@@ -45,7 +45,7 @@ def build_samples(episodes: list[Episode], merge: MergeConfig | None, tokenizer=
     return merge_turns(episodes, merge.max_prompt_len, merge.max_response_len, tokenizer)
 
 
-def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, micro_batch_size: int,
+def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, budget: MicroBatchBudget,
             temperature: float, device, merge: MergeConfig | None = None, tokenizer=None,
             mismatch_log: Path | None = None) -> PPOBatch:
     """Rows of `episodes` (see build_samples), scored by the actor, the reference and the critic
@@ -54,16 +54,16 @@ def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, micr
     if merge_report is not None and mismatch_log is not None:
         write_mismatches(merge_report, mismatch_log)
     data = row_tensors(samples, pad_id, device)
-    data.update(score(data, micro_batch_size, temperature, actor=actor, reference=reference, critic=critic))
-    bootstrap = (prompt_values(critic, samples.bootstrap_prompts, pad_id, micro_batch_size, device)
+    data.update(score(data, budget, temperature, actor=actor, reference=reference, critic=critic))
+    bootstrap = (prompt_values(critic, samples.bootstrap_prompts, pad_id, budget, device)
                  if critic is not None else torch.zeros(0, device=device))
     return PPOBatch(episodes, samples, TurnIndex.of(samples, device), data, bootstrap, merge_report)
 
 
-def refresh_values(batch: PPOBatch, critic, pad_id: int, micro_batch_size: int) -> None:
+def refresh_values(batch: PPOBatch, critic, pad_id: int, budget: MicroBatchBudget) -> None:
     """Re-score values_old and the bootstrap values with the current critic (critic warmup)."""
-    batch.data.update(score(batch.data, micro_batch_size, critic=critic))
-    batch.bootstrap_values = prompt_values(critic, batch.samples.bootstrap_prompts, pad_id, micro_batch_size,
+    batch.data.update(score(batch.data, budget, critic=critic))
+    batch.bootstrap_values = prompt_values(critic, batch.samples.bootstrap_prompts, pad_id, budget,
                                            batch.data["input_ids"].device)
 
 

@@ -33,14 +33,14 @@ def group_iterations(cfg: TrainConfig, collector, engine, actor, reference, acto
         episodes = collector.collect(group.n_tasks)
         rollout_s = time.perf_counter() - started
         kept = [e for e in episodes if "error" not in e.metrics]
-        batch = prepare(kept, actor, reference, None, pad_id, ppo.micro_batch_size, cfg.rollout.temperature, device,
+        batch = prepare(kept, actor, reference, None, pad_id, ppo.micro_batch_budget, cfg.rollout.temperature, device,
                         tokenizer=tokenizer, **cfg.sample_options(run_dir))
         group_advantages_to_tokens(batch, cfg.algorithm)
         score_s = time.perf_counter() - started - rollout_s
 
         started = time.perf_counter()
         actor_stats = Stats()
-        minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_size, ppo.epochs, shuffle,
+        minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_budget, ppo.epochs, shuffle,
                           [(actor_opt, actor_loss, ppo.grad_clip, actor_stats)])
         engine.sync_weights(actor)
         update_s = time.perf_counter() - started

@@ -98,7 +98,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
         started = time.perf_counter()
         episodes = collector.collect()
         rollout_s = time.perf_counter() - started
-        batch = prepare(episodes, actor, reference, critic, pad_id, ppo.micro_batch_size, rollout.temperature,
+        batch = prepare(episodes, actor, reference, critic, pad_id, ppo.micro_batch_budget, rollout.temperature,
                         device, tokenizer=tokenizer, **cfg.sample_options(run_dir))
         return batch, rollout_s, time.perf_counter() - started - rollout_s
 
@@ -123,7 +123,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
 
         started = time.perf_counter()
         actor_stats, critic_stats = Stats(), Stats()
-        minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_size, ppo.epochs, shuffle,
+        minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_budget, ppo.epochs, shuffle,
                           [(critic_opt, critic_loss, ppo.grad_clip, critic_stats),
                            (actor_opt, actor_loss, ppo.grad_clip, actor_stats)])
         engine.sync_weights(actor)

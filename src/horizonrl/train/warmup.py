@@ -20,12 +20,12 @@ def critic_warmup(batches: list[PPOBatch], critic, critic_opt, critic_loss: Loss
     stats = Stats()
     for _ in range(ppo.warmup_iters):
         for batch in batches:
-            refresh_values(batch, critic, pad_id, ppo.micro_batch_size)
+            refresh_values(batch, critic, pad_id, ppo.micro_batch_budget)
             estimate_advantages(batch, ppo)
-            minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_size, 1, shuffle,
+            minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_budget, 1, shuffle,
                               [(critic_opt, critic_loss, ppo.grad_clip, stats)])
     for batch in batches:
-        refresh_values(batch, critic, pad_id, ppo.micro_batch_size)
+        refresh_values(batch, critic, pad_id, ppo.micro_batch_budget)
         estimate_advantages(batch, ppo)
     metrics = stats.means("train/critic/")
     metrics["train/critic/explained_variance"] = explained_variance(

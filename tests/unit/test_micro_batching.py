@@ -1,0 +1,157 @@
+"""Micro-batches by rows or by a token budget: packing, exact gradient accumulation for every loss
+aggregation, scoring in any packing, and the out-of-memory retry with half the budget."""
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from horizonrl.config import MicroBatchBudget, PPOConfig
+from horizonrl.learner.models import ValueModel
+from horizonrl.learner.scoring import pack_rows, prompt_values, score
+from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates, optimizer_step
+
+LENGTHS = [300, 17, 120, 64, 5, 230, 90, 41, 150, 12]     # one row longer than the 256 budget
+VOCAB = 64
+
+
+def test_pack_rows_by_hand():
+    assert pack_rows([5, 3, 9, 2], MicroBatchBudget(rows=4, tokens=10)) == [[2], [0, 1], [3]]
+    assert pack_rows([5, 3, 9, 2, 7], MicroBatchBudget(rows=2)) == [[0, 1], [2, 3], [4]]
+    assert pack_rows([], MicroBatchBudget(rows=2, tokens=10)) == []
+
+
+@given(st.lists(st.integers(1, 50), max_size=30), st.integers(1, 120))
+def test_token_packing_keeps_every_row_once_within_the_budget(lengths, tokens):
+    groups = pack_rows(lengths, MicroBatchBudget(rows=1, tokens=tokens))
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        assert len(group) * max(lengths[i] for i in group) <= tokens or len(group) == 1
+
+
+def test_budget_halves_tokens_or_else_rows():
+    assert MicroBatchBudget(8, 1000).halved() == MicroBatchBudget(8, 500)
+    assert MicroBatchBudget(8).halved() == MicroBatchBudget(4)
+    assert MicroBatchBudget(1).halved() == MicroBatchBudget(1)
+    assert PPOConfig(micro_batch_size=4, max_tokens_per_micro_batch=512).micro_batch_budget == MicroBatchBudget(4, 512)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def data(policy):
+    """Right-padded rows of LENGTHS tokens, the first quarter of each a prompt, scored by `policy`."""
+    generator = torch.Generator().manual_seed(0)
+    width = max(LENGTHS)
+    input_ids = torch.randint(VOCAB, (len(LENGTHS), width), generator=generator)
+    positions = torch.arange(width)
+    lengths = torch.tensor(LENGTHS)[:, None]
+    attention_mask = (positions < lengths).long()
+    loss_mask = attention_mask * (positions >= lengths // 4).long()
+    rows = {"input_ids": input_ids * attention_mask, "attention_mask": attention_mask, "loss_mask": loss_mask}
+    rows.update(score(rows, MicroBatchBudget(len(LENGTHS)), actor=policy))
+    rows["logp_ref"] = rows["logp_old"] + 0.1 * torch.randn(loss_mask.shape, generator=generator) * loss_mask
+    rows["advantages"] = torch.randn(loss_mask.shape, generator=generator) * loss_mask
+    return rows
+
+
+def step(policy, data, budget, loss_agg, wrap=lambda loss_fn: loss_fn):
+    """One SGD step (lr 1, gradient norm clipped to 1) of the PPO actor loss, entropy and KL terms on, on
+    all rows: (new parameters, stats)."""
+    actor = copy.deepcopy(policy)
+    optimizer = torch.optim.SGD(actor.parameters(), lr=1.0)
+    loss_fn = wrap(actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.01, loss_agg, 1.0, kl_loss_coef=0.1))
+    stats = Stats()
+    rows = list(range(len(LENGTHS)))
+    optimizer_step(optimizer, data, rows, budget, loss_fn, float(data["loss_mask"].sum()), float(len(rows)),
+                   1.0, stats)
+    return dict(actor.named_parameters()), stats
+
+
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
+def test_gradient_accumulation_gives_the_full_mini_batch_update_for_any_budget(policy, data, loss_agg):
+    expected, expected_stats = step(policy, data, MicroBatchBudget(len(LENGTHS)), loss_agg)
+    for budget in (MicroBatchBudget(3), MicroBatchBudget(1, 256), MicroBatchBudget(1, 1024)):
+        actual, stats = step(policy, data, budget, loss_agg)
+        for name, param in expected.items():
+            torch.testing.assert_close(actual[name], param, atol=1e-6, rtol=0, msg=f"{budget} {name}")
+        assert stats.means("") == pytest.approx(expected_stats.means(""), rel=1e-5)
+
+
+def test_scores_do_not_depend_on_the_packing(policy, data):
+    critic = ValueModel.from_policy(policy)
+    torch.nn.init.normal_(critic.value_head.weight)
+    one_pass = MicroBatchBudget(len(LENGTHS))
+    expected = score(data, one_pass, 0.9, actor=policy, reference=policy, critic=critic)
+    actual = score(data, MicroBatchBudget(1, 400), 0.9, actor=policy, reference=policy, critic=critic)
+    assert actual.keys() == expected.keys() == {"logp_old", "entropy", "logp_ref", "values_old"}
+    for key in expected:
+        torch.testing.assert_close(actual[key], expected[key], atol=1e-5, rtol=0, msg=key)
+    prompts = [row[:n].tolist() for row, n in zip(data["input_ids"], LENGTHS)]
+    torch.testing.assert_close(prompt_values(critic, prompts, 0, MicroBatchBudget(1, 400), "cpu"),
+                               prompt_values(critic, prompts, 0, one_pass, "cpu"), atol=1e-5, rtol=0)
+
+
+def out_of_memory_above(tokens: int, error=torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5 GiB")):
+    """Fault injection: a loss function that runs out of memory on micro-batches of more than `tokens`
+    (rows x width) tokens."""
+    def wrap(loss_fn):
+        def flaky(mb, num_tokens, num_seqs):
+            if mb["input_ids"].numel() > tokens:
+                raise error
+            return loss_fn(mb, num_tokens, num_seqs)
+        return flaky
+    return wrap
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory."),
+                                   RuntimeError("DefaultCPUAllocator: can't allocate memory: out of memory")])
+def test_out_of_memory_retries_the_step_with_half_the_budget(policy, data, error):
+    expected, expected_stats = step(policy, data, MicroBatchBudget(len(LENGTHS)), "token-mean")
+    actual, stats = step(policy, data, MicroBatchBudget(1, 1024), "token-mean", out_of_memory_above(600, error))
+    for name, param in expected.items():
+        torch.testing.assert_close(actual[name], param, atol=1e-6, rtol=0, msg=name)
+    means = stats.means("train/actor/")
+    assert means["train/actor/oom_retries"] == 1
+    assert means["train/actor/skipped_updates"] == 0
+    assert means["train/actor/entropy"] == pytest.approx(expected_stats.means("train/actor/")["train/actor/entropy"])
+
+
+def test_out_of_memory_again_after_halving_is_an_error_naming_the_budget(policy, data):
+    with pytest.raises(RuntimeError, match=r"MicroBatchBudget\(rows=1, tokens=512\)"):
+        step(policy, data, MicroBatchBudget(1, 1024), "token-mean", out_of_memory_above(300))
+
+
+def test_other_runtime_errors_are_not_retried(policy, data):
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        step(policy, data, MicroBatchBudget(1, 1024), "token-mean",
+             out_of_memory_above(0, RuntimeError("shape mismatch")))
+
+
+def test_a_halved_budget_holds_for_the_later_steps(policy, data):
+    actor = copy.deepcopy(policy)
+    loss_fn = out_of_memory_above(512)(actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0))
+    stats = Stats()
+    minibatch_updates(data, len(LENGTHS), MicroBatchBudget(1, 1024), 2, torch.Generator().manual_seed(0),
+                      [(torch.optim.SGD(actor.parameters(), lr=0.1), loss_fn, 1.0, stats)])
+    assert stats.means("")["oom_retries"] == 1                # 2 steps, only the first one retried
+
+
+def test_a_nan_loss_skips_the_update_and_counts_it(policy, data):
+    nan_data = dict(data, advantages=data["advantages"].clone())
+    nan_data["advantages"][1, -1] = float("nan")              # a padded position: NaN * 0 is still NaN
+    actual, stats = step(policy, nan_data, MicroBatchBudget(len(LENGTHS)), "token-mean")
+    for name, param in policy.named_parameters():
+        assert torch.equal(actual[name], param), name
+    assert stats.means("")["skipped_updates"] == 1
+    assert "loss" not in stats.sums
