@@ -7,8 +7,11 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from horizonrl.cli import main
+from horizonrl.config import SOURCE_CONFIGS
 from horizonrl.learner.models import is_local_path
 from horizonrl.report.metrics import read_metrics
+
+TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 
 REQUIRED_KEYS = [
     "iteration", "env/success_rate", "env/episode_return", "env/episode_length", "env/valid_action_ratio",
@@ -21,7 +24,7 @@ SMALL = ["iterations=2", "rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_s
 
 
 def test_train_writes_run_folder_metrics_and_checkpoint(tmp_path, capsys):
-    assert main(["train", *SMALL, f"output_dir={tmp_path}", "--quiet"]) == 0
+    assert main(["train", TOY, *SMALL, f"output_dir={tmp_path}", "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()
     assert f"run folder: {run_dir}" in capsys.readouterr().out
     assert "iterations: 2" in (run_dir / "config.yaml").read_text()
@@ -42,16 +45,16 @@ def test_train_writes_run_folder_metrics_and_checkpoint(tmp_path, capsys):
 
 
 def test_checkpoint_loads_back_as_model_path(tmp_path):
-    assert main(["train", *SMALL, "iterations=0", f"output_dir={tmp_path / 'a'}", "--quiet"]) == 0
+    assert main(["train", TOY, *SMALL, "iterations=0", f"output_dir={tmp_path / 'a'}", "--quiet"]) == 0
     (run_dir,) = (tmp_path / "a").iterdir()
-    assert main(["train", *SMALL, "iterations=1", "model.warm_start=null", f"model.path={run_dir / 'checkpoint'}",
+    assert main(["train", TOY, *SMALL, "iterations=1", "model.warm_start=null", f"model.path={run_dir / 'checkpoint'}",
                  f"output_dir={tmp_path / 'b'}", "--quiet"]) == 0
     (resumed,) = (tmp_path / "b").iterdir()
     assert [r["iteration"] for r in read_metrics(resumed / "metrics.jsonl")] == [0, 1]
 
 
 def test_train_with_a_token_budget_per_micro_batch(tmp_path):
-    assert main(["train", *SMALL, "iterations=1", "ppo.max_tokens_per_micro_batch=256", f"output_dir={tmp_path}",
+    assert main(["train", TOY, *SMALL, "iterations=1", "ppo.max_tokens_per_micro_batch=256", f"output_dir={tmp_path}",
                  "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()
     (warmup, record) = read_metrics(run_dir / "metrics.jsonl")
@@ -78,7 +81,7 @@ def vocab_mismatch(folder, river_tiny):
      "model.path: {tmp}/grown: tokenizer has 715 tokens but the model embeds only 712"),
 ])
 def test_unloadable_model_path_is_one_clear_error(tmp_path, capsys, river_tiny, model_path, message):
-    assert main(["train", "model.warm_start=null", f"model.path={model_path(tmp_path, river_tiny)}",
+    assert main(["train", TOY, "model.warm_start=null", f"model.path={model_path(tmp_path, river_tiny)}",
                  f"output_dir={tmp_path}", "--quiet"]) == 2
     assert message.format(tmp=tmp_path) in capsys.readouterr().err
     assert not list(tmp_path.glob("toy-*")), "no run folder for a run that never started"
@@ -107,7 +110,7 @@ def test_console_script_reports_config_errors_without_traceback(args, message):
 
 @pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
 def test_group_algorithms_train_on_episode_groups(tmp_path, algorithm):
-    assert main(["train", "iterations=1", f"algorithm={algorithm}", "group.n_tasks=2", "group.group_size=2",
+    assert main(["train", TOY, "iterations=1", f"algorithm={algorithm}", "group.n_tasks=2", "group.group_size=2",
                  "group.max_turns=4", "model.warm_start.steps=20", "model.warm_start.iterations=1",
                  "rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_size=8", "ppo.micro_batch_size=8",
                  f"output_dir={tmp_path}", "--quiet"]) == 0
@@ -119,7 +122,7 @@ def test_group_algorithms_train_on_episode_groups(tmp_path, algorithm):
 
 
 def test_continuation_feedback_trains_on_merged_rows(tmp_path):
-    assert main(["train", *SMALL, "agent.history=full", "agent.feedback=continuation", "samples=merged",
+    assert main(["train", TOY, *SMALL, "agent.history=full", "agent.feedback=continuation", "samples=merged",
                  f"output_dir={tmp_path}", "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()
     record = read_metrics(run_dir / "metrics.jsonl")[-1]

@@ -6,12 +6,15 @@ import pytest
 import torch
 
 from horizonrl.cli import main
+from horizonrl.config import SOURCE_CONFIGS
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.device import autocast_dtype, resolve_device
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.report.metrics import read_metrics
 from horizonrl.samples.tensors import pad
+
+TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -48,7 +51,7 @@ def test_engine_and_learner_logprobs_agree_on_gpu(river_tiny):
 
 
 def test_train_runs_on_gpu(tmp_path):
-    assert main(["train", "iterations=2", "device=cuda", "rollout.n_env=4", "rollout.e_len=4",
+    assert main(["train", TOY, "iterations=2", "device=cuda", "rollout.n_env=4", "rollout.e_len=4",
                  "ppo.mini_batch_size=8", "ppo.micro_batch_size=8", "ppo.warmup_batches=1",
                  "model.warm_start.steps=20", f"output_dir={tmp_path}", "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()

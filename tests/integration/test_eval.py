@@ -7,8 +7,11 @@ import pytest
 import yaml
 
 from horizonrl.cli import main
+from horizonrl.config import SOURCE_CONFIGS
 from horizonrl.report.diagnostics import FAILURE_TYPES
 from horizonrl.rollout.seeds import HELD_OUT_START
+
+TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 
 TINY_RUN = ["iterations=1", "rollout.n_env=2", "rollout.e_len=4", "ppo.mini_batch_size=8", "ppo.micro_batch_size=8",
             "ppo.warmup_batches=0", "model.warm_start.steps=10", "model.warm_start.iterations=1",
@@ -20,7 +23,7 @@ EVAL = ["--episodes", "3", "--max-steps", "4"]
 def run_dir(tmp_path_factory):
     """A toy run trained for one iteration: config.yaml, init/ and checkpoint/."""
     output = tmp_path_factory.mktemp("runs")
-    assert main(["train", *TINY_RUN, f"output_dir={output}", "--quiet"]) == 0
+    assert main(["train", TOY, *TINY_RUN, f"output_dir={output}", "--quiet"]) == 0
     (run,) = output.iterdir()
     return run
 

