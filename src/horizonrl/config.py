@@ -174,6 +174,8 @@ class TrainConfig(Section):
     name: str = "toy"
     seed: int = 0
     iterations: int = Field(60, ge=0)
+    save_every: int = Field(10, ge=0, description="iterations between resumable checkpoints (checkpoints/iter_N, "
+                                                  "`train --resume`); 0: only after the last one and on a stop signal")
     device: str = "auto"
     output_dir: str = "runs"
     model: ModelConfig = ModelConfig()
