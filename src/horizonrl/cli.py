@@ -1,6 +1,8 @@
 """horizonrl command line.
 
     horizonrl train [CONFIG] [key=value ...]    train (no CONFIG: the default recipe, configs/toy.yaml)
+    horizonrl train --resume RUN [iterations=N] [save_every=K]
+                                                continue RUN from its last checkpoint (checkpoints/)
     horizonrl sft [CONFIG] [key=value ...]      supervised warm start from the env's expert demonstrations
     horizonrl envs                              list every env id
     horizonrl play ENV [--seed N] [key=value]   play an env in the terminal, seeing the agent's prompt
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from horizonrl.config import ConfigError, load_config
 
@@ -24,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     train_cmd = commands.add_parser("train", help="train an agent with PPO")
     train_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
                            help="a recipe YAML (default configs/toy.yaml) and dotted overrides, e.g. ppo.actor_lr=1e-5")
+    train_cmd.add_argument("--resume", metavar="RUN", help="continue the run folder RUN from its last checkpoint, "
+                                                           "with its config.yaml (only iterations=N and save_every=K "
+                                                           "can be changed)")
     train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     sft_cmd = commands.add_parser("sft", help="supervised warm start from the env's expert demonstrations")
     sft_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
@@ -53,21 +59,30 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
 
     if args.command in ("train", "sft"):
+        from horizonrl.train.checkpoint import CheckpointError, TrainingStopped, resume_config
+
         config_path = args.args[0] if args.args and "=" not in args.args[0] else None
         overrides = args.args[1:] if config_path else args.args
         try:
-            cfg = load_config(config_path, overrides)
             if args.command == "train":
                 from horizonrl.train.loop import train
 
-                run_dir = train(cfg, progress=not args.quiet)
+                resume = Path(args.resume) if args.resume is not None else None
+                cfg = resume_config(resume, args.args) if resume else load_config(config_path, overrides)
+                run_dir = train(cfg, progress=not args.quiet, resume=resume)
             else:
                 from horizonrl.train.sft import sft
 
-                run_dir = sft(cfg)
+                run_dir = sft(load_config(config_path, overrides))
         except ConfigError as error:
             print(f"horizonrl: config error:\n{error}", file=sys.stderr)
             return 2
+        except CheckpointError as error:
+            print(f"horizonrl: cannot resume: {error}", file=sys.stderr)
+            return 2
+        except TrainingStopped as stopped:   # a signal: the run saved a checkpoint and stopped
+            print(f"horizonrl: {stopped}", file=sys.stderr)
+            return 128 + stopped.signum
         print(f"run folder: {run_dir}")
     elif args.command == "envs":
         from horizonrl.play import list_envs
@@ -88,8 +103,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"horizonrl: {error}", file=sys.stderr)
             return 2
     elif args.command == "view":
-        from pathlib import Path
-
         from horizonrl.report.html import write_report
 
         if not (Path(args.run) / "config.yaml").is_file():

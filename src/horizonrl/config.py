@@ -265,6 +265,8 @@ class TrainConfig(Section):
     name: str = "toy"
     seed: int = Field(0, ge=0, description="env seeds count up from seed * 1_000_003 (rollout/seeds.py)")
     iterations: int = Field(60, ge=0)
+    save_every: int = Field(10, ge=0, description="iterations between resumable checkpoints (checkpoints/iter_N, "
+                                                  "`train --resume`); 0: only after the last one and on a stop signal")
     device: str = "auto"
     output_dir: str = "runs"
     model: ModelConfig = ModelConfig()

@@ -1,6 +1,8 @@
 """Env handles: worker processes, and recovery from envs that raise or hang."""
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -31,6 +33,20 @@ def test_worker_env_steps_like_the_env_in_process():
     finally:
         worker.close()
     assert not worker.process.is_alive()
+
+
+def test_a_worker_outlives_the_signals_that_stop_a_run():
+    """Ctrl-C and batch schedulers signal the whole process group; the run, not its workers, decides
+    when to stop (after saving a checkpoint)."""
+    worker = WorkerEnv("river", {"stones": 3})
+    try:
+        run(worker.reset(4))
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            os.kill(worker.process.pid, signum)
+        run(worker.step("wait"))
+        assert worker.process.is_alive() and worker.errors == 0
+    finally:
+        worker.close()
 
 
 @pytest.mark.parametrize("handle", ["worker", "inline"])

@@ -132,6 +132,16 @@ class HFEngine:
             self._version += 1
             self._seen.clear()
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the weights version. Saved right after `sync_weights`, when no KV is
+        kept and no request counted yet, this is all that decides what the engine samples next. (Saved
+        before any sync, as after the critic warmup, the kept KV is dropped: prompts that would have
+        extended it are prefilled whole, which moves float rounding only, as batching does.)"""
+        return {"weights_version": self._version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._version = state["weights_version"]
+
     def _request(self, prompt_ids: list[int], params: SamplingParams, future=None) -> _Request:
         """A request with its own generator (seeded as the class docstring says); call under the lock."""
         if params.seed is not None:

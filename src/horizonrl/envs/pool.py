@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import signal
 import traceback
 from typing import Any
 
@@ -150,6 +151,11 @@ def _serve(conn, env_id: str, env_spec: registry.EnvSpec, kwargs: dict) -> None:
     """Worker process: build the env, then answer (method, argument) messages until told to close.
     The spec travels with the call, so envs registered at run time in the parent work here too."""
     registry.REGISTRY[env_id] = env_spec
+    # The parent decides when the env stops: a SIGINT or SIGTERM sent to the whole process group (Ctrl-C
+    # in a terminal, a batch scheduler) lets the run finish its iteration and save a checkpoint first.
+    # A parent that dies anyway ends the worker (its pipe closes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         env = registry.make(env_id, **kwargs)
     except Exception as error:

@@ -57,6 +57,12 @@ class EpisodeGroupCollector:
         self.next_seed += n_tasks
         return self.collect_seeds(seeds)
 
+    def state_dict(self) -> dict:
+        return {"next_seed": self.next_seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next_seed = state["next_seed"]
+
     def collect_seeds(self, seeds: list[int]) -> list[Episode]:
         """`group_size` finished episodes from each of `seeds` (e.g. held-out seeds for evaluation),
         seed by seed; the training seed counter does not move."""

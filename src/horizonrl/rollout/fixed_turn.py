@@ -72,3 +72,17 @@ class FixedTurnCollector:
             fragments.append(episode)
         return fragments
 
+    def state_dict(self) -> dict:
+        """Between `collect` calls: every stream's state (see EnvStream.state_dict)."""
+        return {"streams": [stream.state_dict() for stream in self.streams]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore every stream, replaying its running episode in its env."""
+        if len(state["streams"]) != len(self.streams):
+            raise ValueError(f"saved with {len(state['streams'])} env streams, not {len(self.streams)}")
+
+        async def restore_all():
+            await asyncio.gather(*(s.restore(saved) for s, saved in zip(self.streams, state["streams"])))
+
+        asyncio.run(restore_all())
+

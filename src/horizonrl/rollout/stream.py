@@ -31,6 +31,7 @@ class EnvStream:
     next_seed: int
     seed_stride: int
     history: list[HistoryEntry] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)   # executed in the running episode, in order
     observation: str | None = None       # None: the stream must reset before its next turn
     episode_id: str = ""
     seed: int = -1
@@ -52,10 +53,40 @@ class EnvStream:
                 if len(errors) == MAX_RESET_ATTEMPTS:
                     raise RuntimeError(f"{self.task}: reset failed {len(errors)} times in a row:\n"
                                        + "\n".join(errors)) from None
-        self.history = []
+        self.history, self.actions = [], []
         self.episode_id = f"{self.task}/seed{self.seed}"
         self.episode_return, self.episode_length, self.invalid_actions = 0.0, 0, 0
         return errors
+
+    def state_dict(self) -> dict:
+        """The stream between turns, as JSON-able data (the env's state is its seed and the actions)."""
+        return {"task": self.task, "next_seed": self.next_seed, "seed": self.seed, "episode_id": self.episode_id,
+                "observation": self.observation, "actions": self.actions,
+                "history": [[e.observation, e.plan, e.prompt_ids, e.response_ids] for e in self.history],
+                "episode_return": self.episode_return, "episode_length": self.episode_length,
+                "invalid_actions": self.invalid_actions}
+
+    async def restore(self, state: dict) -> None:
+        """Take `state` (from `state_dict`) and bring the env to the running episode's state: reset it to
+        the episode's seed and replay the actions (envs are deterministic given both); the observation
+        they lead to must be the saved one."""
+        if state["task"] != self.task:
+            raise ValueError(f"stream {self.index}: saved for task {state['task']!r}, not {self.task!r}")
+        self.next_seed, self.seed, self.episode_id = state["next_seed"], state["seed"], state["episode_id"]
+        self.observation, self.actions = state["observation"], list(state["actions"])
+        self.history = [HistoryEntry(obs, plan, tuple(prompt), tuple(response))
+                        for obs, plan, prompt, response in state["history"]]
+        self.episode_return, self.episode_length = state["episode_return"], state["episode_length"]
+        self.invalid_actions = state["invalid_actions"]
+        if self.observation is None:
+            return
+        observation, _ = await self.env.reset(self.seed)
+        for action in self.actions:
+            observation, *_ = await self.env.step(action)
+        if observation != self.observation:
+            raise ValueError(f"stream {self.index}: replaying {self.episode_id}'s {len(self.actions)} actions does "
+                             f"not lead to the saved observation (is {self.task} deterministic given its seed?):\n"
+                             f"saved:    {self.observation!r}\nreplayed: {observation!r}")
 
 
 async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: SamplingParams) -> tuple[Turn, str]:
@@ -75,6 +106,7 @@ async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: Sam
         reward += agent.invalid_penalty
         stream.invalid_actions += 1
     stream.history.append(HistoryEntry(stream.observation, plan, tuple(prompt_ids), tuple(generation.token_ids)))
+    stream.actions.append(decision.action)
     stream.episode_return += reward
     stream.episode_length += 1
     info = dict(info, observation=stream.observation, generate_s=generate_s, finish_reason=generation.finish_reason)

@@ -31,6 +31,12 @@ class TaskGroupCollector:
         self.next_seed += n_tasks
         return asyncio.run(self._collect(tasks))
 
+    def state_dict(self) -> dict:
+        return {"next_seed": self.next_seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next_seed = state["next_seed"]
+
     async def _collect(self, tasks: list[Task]) -> list[Episode]:
         jobs = [self.loop.run(task, f"{task.task_id}/rollout{k}", group_id=task.task_id)
                 for task in tasks for k in range(self.group_size)]

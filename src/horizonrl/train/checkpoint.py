@@ -1,27 +1,338 @@
-"""Checkpoints: the actor and tokenizer as a Hugging Face folder (safetensors), the critic beside it.
+"""Checkpoints: model folders, and the resumable training state of a run.
 
-A checkpoint folder loads back with `model.path=<folder>`. Writes go to a temporary folder that is
-renamed into place, so a crash never leaves a half-written checkpoint under the final name.
+A model folder holds the actor and tokenizer as a Hugging Face folder (safetensors) and the critic
+beside it (`critic.safetensors`); it loads back with `model.path=<folder>`. A run writes `init/` (the
+tiny model before RL) and `checkpoint/` (the model at the end).
+
+Every `save_every` iterations, after the last one and when a SIGINT/SIGTERM asked the run to stop, the
+run also writes `checkpoints/iter_NNNNNN/`: a model folder plus what `horizonrl train --resume RUN`
+needs to continue exactly where the run was (`TrainingState`):
+    training_state.safetensors   optimizer tensors ("actor_opt/<param>/<name>", "critic_opt/..."),
+                                 RNG states ("rng/torch", "rng/cuda/<device>", "rng/shuffle")
+    training_state.json          iteration, optimizer param groups, the engine's weights version,
+                                 the collector's state (env streams), python and numpy RNG states
+No pickle anywhere. The reference policy is not saved: it is the run's initial policy, reloaded from
+`init/` (tiny model) or from `model.path`, which must still hold the weights the run started from.
+
+Every folder is written into `<name>.tmp` beside its final name, fsynced, then renamed, so a folder
+under its final name is complete; only the last complete `iter_*` folder is kept (the older ones are
+removed once the new one is in place), and a leftover `*.tmp` folder (a crash mid-write) is removed
+on resume.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import random
+import re
 import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-from safetensors.torch import save_file
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from horizonrl.config import ConfigError, TrainConfig, dump, load_config
+from horizonrl.learner.models import load_policy
+from horizonrl.report.trajectories import TRAJECTORIES
+
+log = logging.getLogger(__name__)
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
+RESUMABLE_KEYS = ("iterations", "save_every")  # the only overrides `--resume` takes
+_ITERATION_FOLDER = re.compile(r"iter_(\d{6})")
+
+
+class CheckpointError(ValueError):
+    """A run cannot be resumed: no complete checkpoint, or one that does not match the run."""
+
+
+class TrainingStopped(Exception):
+    """A stop signal ended the run at an iteration boundary, after a checkpoint was saved."""
+
+    def __init__(self, run_dir: Path, iteration: int, signum: int):
+        self.run_dir, self.iteration, self.signum = run_dir, iteration, signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} after iteration {iteration} (checkpoint "
+                         f"{run_dir / CHECKPOINTS / iteration_folder(iteration)}); continue with:\n"
+                         f"    horizonrl train --resume {run_dir}")
 
 
 def save_checkpoint(folder: Path, actor, tokenizer, critic=None) -> Path:
+    """Write the model folder `folder` atomically."""
     folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    actor.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
+    with atomic_folder(folder) as tmp:
+        write_model(tmp, actor, tokenizer, critic)
+    return folder
+
+
+def write_model(folder: Path, actor, tokenizer, critic=None) -> None:
+    actor.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
     if critic is not None:
         state = {k: v.detach().contiguous() for k, v in critic.state_dict().items()}
-        save_file(state, str(tmp / "critic.safetensors"))
+        save_file(state, str(folder / "critic.safetensors"))
+
+
+@contextmanager
+def atomic_folder(folder: Path) -> Iterator[Path]:
+    """Yields `<folder>.tmp` (emptied) to write into; then fsyncs its files, renames it to `folder`
+    (replacing an older one) and fsyncs the parent. If the block raises, the temporary folder goes."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for path in tmp.rglob("*"):
+        if path.is_file():
+            _fsync(path)
+    _fsync(tmp)
     if folder.exists():
         shutil.rmtree(folder)
     tmp.rename(folder)
-    return folder
+    _fsync(folder.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Replace `path` by `text` in one rename: a reader sees the old file or the new one, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    _fsync(tmp)
+    os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def iteration_folder(iteration: int) -> str:
+    return f"iter_{iteration:06d}"
+
+
+@dataclass
+class TrainingState:
+    """Everything a run changes as it trains, besides its logs. `save` and `restore` see it at an
+    iteration boundary: after `engine.sync_weights` (see HFEngine.state_dict) or the critic warmup,
+    with no episode fragment pending in the collector.
+
+    `collector` and `engine` have `state_dict()` / `load_state_dict(state)` (JSON-able dicts)."""
+
+    actor: torch.nn.Module
+    tokenizer: object
+    actor_opt: torch.optim.Optimizer
+    shuffle: torch.Generator
+    engine: object
+    collector: object
+    critic: torch.nn.Module | None = None
+    critic_opt: torch.optim.Optimizer | None = None
+
+    def save(self, run_dir: Path, iteration: int) -> Path:
+        """Write checkpoints/iter_<iteration>/ atomically (after fsyncing the run's logs, so they hold
+        every record up to `iteration`), then remove the older checkpoints."""
+        for name in (METRICS, TRAJECTORIES):
+            if (run_dir / name).exists():
+                _fsync(run_dir / name)
+        folder = run_dir / CHECKPOINTS / iteration_folder(iteration)
+        with atomic_folder(folder) as tmp:
+            write_model(tmp, self.actor, self.tokenizer, self.critic)
+            self.write(tmp, iteration)
+        for old in complete_checkpoints(run_dir):
+            if old != folder:
+                shutil.rmtree(old)
+        return folder
+
+    def write(self, folder: Path, iteration: int) -> None:
+        """training_state.safetensors and training_state.json (the model is written beside them)."""
+        tensors = {"rng/torch": torch.get_rng_state(), "rng/shuffle": self.shuffle.get_state()}
+        if torch.cuda.is_initialized():   # else no CUDA generator has drawn yet
+            tensors.update({f"rng/cuda/{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+        optimizers = {}
+        for name, opt in self._optimizers().items():
+            state = opt.state_dict()
+            tensors.update({f"{name}/{param}/{key}": value.detach().cpu().contiguous()
+                            for param, values in state["state"].items() for key, value in values.items()})
+            optimizers[name] = state["param_groups"]
+        py_version, py_state, py_gauss = random.getstate()
+        np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+        meta = {"iteration": iteration, "optimizers": optimizers, "engine": self.engine.state_dict(),
+                "collector": self.collector.state_dict(), "python_random": [py_version, list(py_state), py_gauss],
+                "numpy_random": [np_name, np_keys.tolist(), np_pos, np_has_gauss, np_gauss]}
+        save_file(tensors, str(folder / "training_state.safetensors"))
+        (folder / "training_state.json").write_text(json.dumps(meta))
+
+    def restore(self, folder: Path) -> int:
+        """Load the state saved in `folder` into these objects (the actor and tokenizer are the
+        folder's own, loaded with `load_policy`); returns the iteration it was saved after."""
+        tensors = load_file(str(folder / "training_state.safetensors"))
+        meta = json.loads((folder / "training_state.json").read_text())
+        if self.critic is not None:
+            self.critic.load_state_dict(load_file(str(folder / "critic.safetensors")))
+        for name, opt in self._optimizers().items():
+            state: dict[int, dict] = {}
+            for key, value in tensors.items():
+                if key.startswith(f"{name}/"):
+                    param, field = key.removeprefix(f"{name}/").split("/")
+                    state.setdefault(int(param), {})[field] = value
+            opt.load_state_dict({"state": state, "param_groups": meta["optimizers"][name]})
+        self.engine.load_state_dict(meta["engine"])
+        try:
+            self.collector.load_state_dict(meta["collector"])
+        except ValueError as error:   # the streams do not match the run's, or an env replays differently
+            raise CheckpointError(f"{folder}: {error}") from None
+        # RNG states last: nothing that restores the rest (the envs' replay included) may move them
+        torch.set_rng_state(tensors["rng/torch"])
+        self.shuffle.set_state(tensors["rng/shuffle"])
+        for key, value in tensors.items():
+            if key.startswith("rng/cuda/"):
+                torch.cuda.set_rng_state(value, int(key.removeprefix("rng/cuda/")))
+        py_version, py_state, py_gauss = meta["python_random"]
+        random.setstate((py_version, tuple(py_state), py_gauss))
+        np_name, np_keys, np_pos, np_has_gauss, np_gauss = meta["numpy_random"]
+        np.random.set_state((np_name, np.array(np_keys, dtype=np.uint32), np_pos, np_has_gauss, np_gauss))
+        return meta["iteration"]
+
+    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        return {"actor_opt": self.actor_opt,
+                **({"critic_opt": self.critic_opt} if self.critic_opt is not None else {})}
+
+
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoint folders, oldest first (a `.tmp` folder is not one)."""
+    folders = [p for p in (run_dir / CHECKPOINTS).glob("iter_*") if _ITERATION_FOLDER.fullmatch(p.name)]
+    return sorted(folders)
+
+
+class StopSignals:
+    """While active, the first SIGINT or SIGTERM only records its number in `signum` (the loop saves a
+    checkpoint and stops at the next iteration boundary, see `Checkpointer`); a second one aborts at
+    once with KeyboardInterrupt. The previous handlers come back on exit. Handlers can only be set in
+    the main thread; elsewhere this does nothing."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        log.warning("%s: saving a checkpoint after this iteration, then stopping (send it again to abort at once)",
+                    signal.Signals(signum).name)
+
+
+class Checkpointer:
+    """When to save the TrainingState: after every `save_every`-th iteration (0: never on a schedule),
+    after the run's last iteration, and at the first iteration boundary after a stop signal, which then
+    ends the run with TrainingStopped. Call `iteration_done` once the iteration's records are written
+    and the engine has the new weights."""
+
+    def __init__(self, run_dir: Path, state: TrainingState, cfg: TrainConfig, signals: StopSignals):
+        self.run_dir, self.state, self.signals = run_dir, state, signals
+        self.save_every, self.last = cfg.save_every, cfg.iterations
+
+    def iteration_done(self, iteration: int) -> None:
+        scheduled = self.save_every > 0 and iteration > 0 and iteration % self.save_every == 0
+        if scheduled or iteration == self.last or self.signals.signum is not None:
+            self.state.save(self.run_dir, iteration)
+        if self.signals.signum is not None:
+            raise TrainingStopped(self.run_dir, iteration, self.signals.signum)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where `--resume` continues a run: its last complete checkpoint."""
+
+    run_dir: Path
+    folder: Path
+    iteration: int
+
+
+def resume_config(run_dir: Path, overrides: list[str] = ()) -> TrainConfig:
+    """The run's config.yaml with `overrides` of RESUMABLE_KEYS only (rewritten into config.yaml, so a
+    later resume sees them too)."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise CheckpointError(f"{run_dir} is not a run folder (no config.yaml)")
+    changed = [o.partition("=")[0].strip() for o in overrides]
+    refused = [key for key in changed if key not in RESUMABLE_KEYS]
+    if refused:
+        raise ConfigError(f"--resume continues a run with its own config.yaml; only {', '.join(RESUMABLE_KEYS)} "
+                          f"can be changed (got {', '.join(refused)})")
+    cfg = load_config(path, overrides)
+    if overrides:
+        write_text_atomic(path, dump(cfg))
+    return cfg
+
+
+def prepare_resume(run_dir: Path, cfg: TrainConfig) -> ResumePoint:
+    """The run's last complete checkpoint; removes leftover `.tmp` folders of a crashed write and cuts
+    metrics.jsonl and trajectories.jsonl back to the checkpoint's iteration (the records of later
+    iterations, which the resumed run writes again, and a torn last line)."""
+    run_dir = Path(run_dir)
+    for leftover in (run_dir / CHECKPOINTS).glob("*.tmp"):
+        shutil.rmtree(leftover)
+    folders = complete_checkpoints(run_dir)
+    if not folders:
+        raise CheckpointError(f"{run_dir} has no complete checkpoint in {run_dir / CHECKPOINTS} (it stopped before "
+                              "saving one)")
+    folder = folders[-1]
+    missing = [name for name in ("config.json", "training_state.json", "training_state.safetensors")
+               if not (folder / name).is_file()]
+    if missing:
+        raise CheckpointError(f"{folder} is incomplete: {', '.join(missing)} missing")
+    if cfg.model.path is None and not (run_dir / "init").is_dir():
+        raise CheckpointError(f"{run_dir / 'init'} (the initial policy, the reference) is missing")
+    iteration = int(_ITERATION_FOLDER.fullmatch(folder.name).group(1))
+    if iteration > cfg.iterations:
+        raise CheckpointError(f"{folder} is past iterations={cfg.iterations}; resume with iterations=N, "
+                              f"N >= {iteration}")
+    for name in (METRICS, TRAJECTORIES):
+        keep_records_through(run_dir / name, iteration)
+    return ResumePoint(run_dir, folder, iteration)
+
+
+def keep_records_through(path: Path, iteration: int) -> None:
+    """Keep the JSON lines of `path` (records in iteration order, each with an "iteration") up to
+    `iteration`, and none after a torn line."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if not line.endswith("\n") or record["iteration"] > iteration:
+            break
+        kept.append(line)
+    write_text_atomic(path, "".join(kept))
+
+
+def reference_policy(cfg: TrainConfig, run_dir: Path, device: torch.device) -> torch.nn.Module:
+    """The run's frozen reference, reloaded: its initial policy (`init/` or `model.path`)."""
+    path = run_dir / "init" if cfg.model.path is None else cfg.model.path
+    return load_policy(str(path), device)[1].eval().requires_grad_(False)

@@ -21,13 +21,16 @@ from horizonrl.learner.update import Stats, minibatch_updates
 from horizonrl.report.metrics import MetricsLog, episode_metrics
 from horizonrl.report.trajectories import trajectory_records, write_trajectories
 from horizonrl.train.batch import batch_metrics, group_advantages_to_tokens, prepare
+from horizonrl.train.checkpoint import Checkpointer
 
 
 def group_iterations(cfg: TrainConfig, collector, engine, actor, reference, actor_opt, actor_loss, pad_id: int,
-                     shuffle, metrics_log: MetricsLog, device, progress: bool, tokenizer, run_dir: Path) -> None:
-    """`collector`: an EpisodeGroupCollector (env) or a TaskGroupCollector (agent-loop task)."""
+                     shuffle, metrics_log: MetricsLog, device, progress: bool, tokenizer, run_dir: Path,
+                     checkpointer: Checkpointer, first: int) -> None:
+    """Iterations `first`..cfg.iterations. `collector`: an EpisodeGroupCollector (env) or a
+    TaskGroupCollector (agent-loop task)."""
     ppo, group = cfg.ppo, cfg.group
-    bar = tqdm(range(1, cfg.iterations + 1), desc=cfg.name, disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(first, cfg.iterations + 1), desc=cfg.name, disable=not progress, dynamic_ncols=True)
     for iteration in bar:
         started = time.perf_counter()
         episodes = collector.collect(group.n_tasks)
@@ -56,3 +59,4 @@ def group_iterations(cfg: TrainConfig, collector, engine, actor, reference, acto
         write_trajectories(run_dir, trajectory_records(iteration, batch.episodes, batch.samples,
                                                        batch.data["advantages"], tokenizer))
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
+        checkpointer.iteration_done(iteration)

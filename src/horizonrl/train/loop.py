@@ -8,6 +8,9 @@ an env, or of an agent-loop task: train/tasks.py).
 
 Each iteration appends its record to metrics.jsonl and a few sample episodes to trajectories.jsonl
 (iteration 0: the critic warmup); the run ends by writing report.html from them (report/html.py).
+Every `save_every` iterations, after the last one and when a SIGINT/SIGTERM asks the run to stop, the
+whole training state is saved in checkpoints/ (train/checkpoint.py), from which `train(..., resume=RUN)`
+continues exactly.
 """
 
 from __future__ import annotations
@@ -33,19 +36,29 @@ from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.train.batch import batch_metrics, estimate_advantages, prepare
-from horizonrl.train.checkpoint import save_checkpoint
+from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, TrainingStopped,
+                                        prepare_resume, reference_policy, save_checkpoint)
 from horizonrl.train.group_loop import group_iterations
 from horizonrl.train.tasks import build_tiny_for_task, task_collector, task_warm_start
 from horizonrl.train.warmup import critic_warmup
 
 
-def train(cfg: TrainConfig, progress: bool = True) -> Path:
-    """Run a whole training job; returns the run folder runs/<name>-<time>/, report.html written last."""
+def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -> Path:
+    """Run a whole training job; returns the run folder runs/<name>-<time>/, report.html written last.
+
+    `resume`: continue that run folder (`cfg`: its config, see checkpoint.resume_config) from its last
+    checkpoint. A SIGINT or SIGTERM stops the run at the next iteration boundary with a checkpoint, and
+    TrainingStopped is raised once report.html is written."""
+    point = prepare_resume(resume, cfg) if resume is not None else None
     torch.manual_seed(cfg.seed)
     envs = [] if cfg.task is not None else open_envs(cfg.env.ids, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
                                                      cfg.env.timeout_s)
     try:
-        run_dir = _train(cfg, envs, progress)
+        with StopSignals() as signals:
+            run_dir = _train(cfg, envs, progress, signals, point)
+    except TrainingStopped as stopped:
+        write_report(stopped.run_dir)
+        raise
     finally:
         for env in envs:
             env.close()
@@ -53,23 +66,30 @@ def train(cfg: TrainConfig, progress: bool = True) -> Path:
     return run_dir
 
 
-def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
+def _train(cfg: TrainConfig, envs: list, progress: bool, signals: StopSignals, resume: ResumePoint | None) -> Path:
     device = resolve_device(cfg.device)
     ppo, rollout = cfg.ppo, cfg.rollout
 
-    # Networks: the policy (loaded, or tiny + format warm start), a critic from its backbone, a frozen reference.
-    tokenizer, actor = build_policy(cfg, device)
-    agent = make_agent(tokenizer, cfg.agent)
-    if cfg.model.path is None and cfg.model.warm_start:
-        if cfg.task is not None:
-            task_warm_start(actor, tokenizer, cfg)
-        else:
-            format_warm_start(actor, agent, envs, cfg.model.warm_start, rollout.e_len, cfg.seed)
-    run_dir = make_run_dir(cfg)
-    if cfg.model.path is None:
-        save_checkpoint(run_dir / "init", actor, tokenizer)
+    # Networks: the policy (loaded, or tiny + format warm start; resuming: the checkpoint's), a critic
+    # from its backbone, a frozen reference (the initial policy).
+    if resume is None:
+        tokenizer, actor = build_policy(cfg, device)
+        agent = make_agent(tokenizer, cfg.agent)
+        if cfg.model.path is None and cfg.model.warm_start:
+            if cfg.task is not None:
+                task_warm_start(actor, tokenizer, cfg)
+            else:
+                format_warm_start(actor, agent, envs, cfg.model.warm_start, rollout.e_len, cfg.seed)
+        run_dir = make_run_dir(cfg)
+        if cfg.model.path is None:
+            save_checkpoint(run_dir / "init", actor, tokenizer)
+        reference = frozen_copy(actor)
+    else:
+        run_dir = resume.run_dir
+        tokenizer, actor = load_policy(str(resume.folder), device)
+        agent = make_agent(tokenizer, cfg.agent)
+        reference = reference_policy(cfg, run_dir, device)
     actor.eval()  # dropout off: the sampler and the learner compute the same function
-    reference = frozen_copy(actor)
     pad_id = pad_token_id(tokenizer)
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=ppo.actor_lr, weight_decay=ppo.weight_decay)
     actor_loss = actor_loss_fn(actor, ppo.clip_low, ppo.clip_high, ppo.dual_clip, ppo.entropy_coef, ppo.loss_agg,
@@ -84,8 +104,11 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
         collector = (task_collector(cfg, tokenizer, engine, params) if cfg.task is not None else
                      EpisodeGroupCollector(envs, cfg.env.ids[0], agent, engine, params, cfg.group.group_size,
                                            cfg.group.max_turns, load_reward_fn(cfg.group.reward_fn), cfg.seed))
+        state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector)
+        first = state.restore(resume.folder) + 1 if resume is not None else 1
         group_iterations(cfg, collector, engine, actor, reference, actor_opt, actor_loss, pad_id, shuffle,
-                         metrics_log, device, progress, tokenizer, run_dir)
+                         metrics_log, device, progress, tokenizer, run_dir, Checkpointer(run_dir, state, cfg, signals),
+                         first)
         save_checkpoint(run_dir / "checkpoint", actor, tokenizer)
         return run_dir
 
@@ -93,6 +116,9 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
     critic_opt = torch.optim.AdamW(critic.parameters(), lr=ppo.critic_lr, weight_decay=ppo.weight_decay)
     critic_loss = critic_loss_fn(critic, ppo.value_clip, ppo.first_token_weight)
     collector = FixedTurnCollector(envs, agent, engine, params, rollout.e_len, cfg.seed)
+    state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, critic, critic_opt)
+    checkpointer = Checkpointer(run_dir, state, cfg, signals)
+    first = state.restore(resume.folder) + 1 if resume is not None else 0  # 0: the critic warmup
 
     def collect_and_score():
         started = time.perf_counter()
@@ -102,7 +128,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
                         device, tokenizer=tokenizer, **cfg.sample_options(run_dir))
         return batch, rollout_s, time.perf_counter() - started - rollout_s
 
-    if ppo.warmup_batches and ppo.warmup_iters:
+    if first == 0 and ppo.warmup_batches and ppo.warmup_iters:
         started = time.perf_counter()
         batches, errors = [], 0
         for _ in range(ppo.warmup_batches):
@@ -115,8 +141,9 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
         metrics_log.write(record)
         write_trajectories(run_dir, trajectory_records(0, batches[-1].episodes, batches[-1].samples,
                                                        batches[-1].data["advantages"], tokenizer))
+        checkpointer.iteration_done(0)
 
-    bar = tqdm(range(1, cfg.iterations + 1), desc=cfg.name, disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(max(first, 1), cfg.iterations + 1), desc=cfg.name, disable=not progress, dynamic_ncols=True)
     for iteration in bar:
         batch, rollout_s, score_s = collect_and_score()
         estimate_advantages(batch, ppo)
@@ -141,6 +168,7 @@ def _train(cfg: TrainConfig, envs: list, progress: bool) -> Path:
         write_trajectories(run_dir, trajectory_records(iteration, batch.episodes, batch.samples,
                                                        batch.data["advantages"], tokenizer))
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
+        checkpointer.iteration_done(iteration)
 
     save_checkpoint(run_dir / "checkpoint", actor, tokenizer, critic)
     return run_dir
