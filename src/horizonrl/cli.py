@@ -1,6 +1,6 @@
 """horizonrl command line.
 
-    horizonrl train [CONFIG] [key=value ...]    train (no CONFIG: the default recipe, configs/toy.yaml)
+    horizonrl train [CONFIG] [key=value ...]    train (no CONFIG: the default recipe, configs/babyai_tiny.yaml)
     horizonrl train --resume RUN [iterations=N] [save_every=K]
                                                 continue RUN from its last checkpoint (checkpoints/)
     horizonrl sft [CONFIG] [key=value ...]      supervised warm start from the env's expert demonstrations
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     train_cmd = commands.add_parser("train", help="train an agent with PPO")
     train_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
-                           help="a recipe YAML (default configs/toy.yaml) and dotted overrides, e.g. ppo.actor_lr=1e-5")
+                           help="a recipe YAML (default configs/babyai_tiny.yaml) and dotted overrides, e.g. ppo.actor_lr=1e-5")
     train_cmd.add_argument("--resume", metavar="RUN", help="continue the run folder RUN from its last checkpoint, "
                                                            "with its config.yaml (only iterations=N and save_every=K "
                                                            "can be changed)")

@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"        # recipes inside an installed wheel
 SOURCE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # recipes in a source checkout
-DEFAULT_RECIPE = "toy.yaml"
+DEFAULT_RECIPE = "babyai_tiny.yaml"
 
 
 class ConfigError(ValueError):
@@ -327,7 +327,7 @@ def default_recipe() -> Path:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
-    """Recipe YAML (default: configs/toy.yaml) with `a.b.c=value` overrides (values parsed as YAML)."""
+    """Recipe YAML (default: configs/babyai_tiny.yaml) with `a.b.c=value` overrides (values parsed as YAML)."""
     path = Path(path) if path is not None else default_recipe()
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")

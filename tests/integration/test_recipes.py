@@ -13,7 +13,8 @@ from horizonrl.train.checkpoint import save_checkpoint
 from horizonrl.train.loop import train
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-RECIPES = sorted(r for r in CONFIGS.glob("*.yaml") if load_config(r).task is None)
+RECIPES = sorted(r for r in CONFIGS.glob("*.yaml")   # train recipes of an env (not sft, not a task)
+                 if r.read_text().startswith("# horizonrl train") and load_config(r).task is None)
 SMALL = ["model.warm_start=null", "iterations=1", "rollout.n_env=2", "rollout.e_len=2", "rollout.max_tokens=16",
         "ppo.mini_batch_size=4", "ppo.micro_batch_size=4", "ppo.warmup_batches=1", "ppo.warmup_iters=1",
         "device=cpu"]
@@ -25,7 +26,8 @@ def test_recipe_runs_one_iteration_on_cpu(recipe, tmp_path, river_tiny):
     assert first_line == f"# horizonrl train configs/{recipe.name}"
     cfg = load_config(recipe, ["model.path=null", "model.warm_start=null"])   # the env id, without loading a model
     try:
-        envs.factory(cfg.env.id)
+        for env_id in cfg.env.ids:
+            envs.factory(env_id)
     except ValueError as error:               # an optional extra that is not installed
         pytest.skip(str(error))
     save_checkpoint(tmp_path / "tiny", river_tiny[1], river_tiny[0])
@@ -34,6 +36,14 @@ def test_recipe_runs_one_iteration_on_cpu(recipe, tmp_path, river_tiny):
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["iteration"] for r in records] == [0, 1]
     assert records[1]["env/turns"] == 4 and records[1]["env/errors"] == 0
+
+
+def test_every_recipe_is_a_train_or_sft_recipe_and_says_so_first():
+    """A recipe's first line is the command that runs it (the sft recipe: `horizonrl sft`)."""
+    for recipe in CONFIGS.glob("*.yaml"):
+        command = recipe.read_text().splitlines()[0]
+        assert command in (f"# horizonrl train configs/{recipe.name}", f"# horizonrl sft configs/{recipe.name}")
+    assert load_config(CONFIGS / "babyai_tiny_sft.yaml").sft.episodes > 0
 
 
 def test_tool_use_recipe_trains_on_merged_agent_loop_episodes(tmp_path):

@@ -73,7 +73,7 @@ def test_bad_values_name_the_key(overrides, message):
 
 @pytest.mark.parametrize("overrides,message", BAD)
 def test_the_cli_prints_the_message_and_exits_2(overrides, message, capsys):
-    assert main(["train", *overrides]) == 2
+    assert main(["train", str(TOY), *overrides]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith("horizonrl: config error:\n")
     assert message in captured.err and "Traceback" not in captured.err
