@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         hf_logging.disable_progress_bar()
 
     if args.command in ("train", "sft"):
+        from horizonrl.engines.retry import EngineError
         from horizonrl.train.checkpoint import CheckpointError, TrainingStopped, resume_config
 
         config_path = args.args[0] if args.args and "=" not in args.args[0] else None
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         except CheckpointError as error:
             print(f"horizonrl: cannot resume: {error}", file=sys.stderr)
             return 2
+        except EngineError as error:         # retried with back-off and still failing
+            print(f"horizonrl: {error}", file=sys.stderr)
+            return 1
         except TrainingStopped as stopped:   # a signal: the run saved a checkpoint and stopped
             print(f"horizonrl: {stopped}", file=sys.stderr)
             return 128 + stopped.signum

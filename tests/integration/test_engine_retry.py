@@ -83,3 +83,19 @@ def test_collected_turns_count_their_retries_and_match_a_run_without_failures(ri
     assert sum(t.info.get("engine_retries", 0) for t in turns) == 1
     assert episode_metrics(episodes)["rollout/engine_retries"] == 1
     assert episode_metrics(clean)["rollout/engine_retries"] == 0
+
+
+def test_train_command_reports_a_persistent_engine_failure_in_one_line(tmp_path, monkeypatch, capsys):
+    from horizonrl.cli import main
+    from horizonrl.config import SOURCE_CONFIGS
+    from horizonrl.engines import retry
+    from horizonrl.train import loop
+
+    make_engine = loop.make_engine
+    monkeypatch.setattr(loop, "make_engine", lambda *args: DroppedReplies(make_engine(*args), failures=10**6))
+    monkeypatch.setattr(retry.generate_with_retry, "__defaults__", (retry.ATTEMPTS, (0.0,)))   # no waits
+    assert main(["train", str(SOURCE_CONFIGS / "toy.yaml"), "rollout.n_env=2", "ppo.mini_batch_size=16",
+                 "model.warm_start.steps=1", "model.warm_start.iterations=1", f"output_dir={tmp_path}",
+                 "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "horizonrl: the engine failed 4 times in a row on a request" in err and "Traceback" not in err

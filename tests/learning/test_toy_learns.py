@@ -1,4 +1,4 @@
-"""The default recipe learns: PPO takes river-crossing success from under 0.2 to at least 0.9.
+"""The toy recipe learns: PPO takes river-crossing success from under 0.2 to at least 0.9.
 
 Initial success is measured on the critic-warmup record (iteration 0: the warm-started policy before
 any PPO update, 8 batches, ~80 episodes); final success over the last 5 iterations' episodes.
@@ -21,7 +21,7 @@ def pooled_success(records):
 
 
 @pytest.mark.slow
-def test_default_recipe_reaches_90_percent_success(tmp_path):
+def test_toy_recipe_reaches_90_percent_success(tmp_path):
     started = time.perf_counter()
     run_dir = train(load_config(TOY, [f"output_dir={tmp_path}"]), progress=False)
     minutes = (time.perf_counter() - started) / 60
