@@ -1,4 +1,4 @@
-"""Throughput of the default recipe on this machine; prints one JSON object.
+"""Throughput of the toy recipe (configs/toy.yaml) on this machine; prints one JSON object.
 
     python benchmarks/toy_throughput.py [--iterations 10]
 
@@ -20,7 +20,7 @@ import torch
 
 from horizonrl import envs
 from horizonrl.agents.agent import Agent
-from horizonrl.config import load_config
+from horizonrl.config import SOURCE_CONFIGS, load_config
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.models import load_policy
@@ -29,7 +29,8 @@ from horizonrl.train.loop import train
 
 
 def loop_throughput(iterations: int, output_dir: str):
-    run_dir = train(load_config(None, [f"iterations={iterations}", f"output_dir={output_dir}"]), progress=False)
+    cfg = load_config(SOURCE_CONFIGS / "toy.yaml", [f"iterations={iterations}", f"output_dir={output_dir}"])
+    run_dir = train(cfg, progress=False)
     records = read_metrics(run_dir / "metrics.jsonl")[1:]
     median = lambda key: statistics.median(r[key] for r in records)  # noqa: E731
     seconds = [r["timing/rollout_s"] + r["timing/score_s"] + r["timing/update_s"] for r in records]
