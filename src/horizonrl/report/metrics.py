@@ -22,7 +22,8 @@ def mean(xs: list[float]) -> float:
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
-    finished = [e.metrics for e in episodes if e.finished and "error" not in e.metrics]
+    finished_episodes = [e for e in episodes if e.finished and "error" not in e.metrics]
+    finished = [e.metrics for e in finished_episodes]
     turns = [t for e in episodes for t in e.turns]
     step_metrics: dict[str, list[float]] = {}
     for t in turns:
@@ -43,16 +44,15 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "rollout/truncated_responses": sum(t.info.get("finish_reason") == "length" for t in turns),
         "rollout/engine_retries": sum(t.info.get("engine_retries", 0) for t in turns),
         **tool_metrics(turns),
-        **task_success(episodes),
+        **task_success(finished_episodes),
     }
 
 
-def task_success(episodes: list[Episode]) -> dict[str, float]:
-    """`env/<task>/success_rate` per task when the episodes span several (a multi-task run)."""
+def task_success(finished: list[Episode]) -> dict[str, float]:
+    """`env/<task>/success_rate` per task when the finished episodes span several (a multi-task run)."""
     by_task: dict[str, list[float]] = {}
-    for e in episodes:
-        if e.finished and "error" not in e.metrics:
-            by_task.setdefault(e.task, []).append(e.metrics["success"])
+    for e in finished:
+        by_task.setdefault(e.task, []).append(e.metrics["success"])
     if len(by_task) < 2:
         return {}
     return {f"env/{task}/success_rate": mean(values) for task, values in sorted(by_task.items())}
