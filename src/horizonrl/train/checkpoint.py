@@ -268,7 +268,6 @@ class ResumePoint:
 
     run_dir: Path
     folder: Path
-    iteration: int
 
 
 def resume_config(run_dir: Path, overrides: list[str] = ()) -> TrainConfig:
@@ -312,7 +311,7 @@ def prepare_resume(run_dir: Path, cfg: TrainConfig) -> ResumePoint:
                               f"N >= {iteration}")
     for name in (METRICS, TRAJECTORIES):
         keep_records_through(run_dir / name, iteration)
-    return ResumePoint(run_dir, folder, iteration)
+    return ResumePoint(run_dir, folder)
 
 
 def keep_records_through(path: Path, iteration: int) -> None:
