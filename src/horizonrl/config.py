@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"        # recipes inside an installed wheel
 SOURCE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # recipes in a source checkout
@@ -109,21 +109,17 @@ class EnvConfig(Section):
     workers: bool = Field(False, description="run each env stream in its own worker process")
     timeout_s: float = Field(60.0, gt=0, description="an env call in a worker slower than this is restarted")
 
-    @field_validator("id")
-    @classmethod
-    def _known_envs(cls, env_id: str | list[str]) -> str | list[str]:
-        from horizonrl.envs import factory
-
-        if env_id == []:
-            raise ValueError("an empty list names no env")
-        for one in [env_id] if isinstance(env_id, str) else env_id:
-            factory(one)  # an unknown id, or a package the env needs is missing
-        return env_id
-
     @model_validator(mode="after")
-    def _kwargs_fit(self) -> EnvConfig:
-        from horizonrl.envs import check_kwargs
+    def _known_envs_and_kwargs(self) -> EnvConfig:
+        from horizonrl.envs import check_kwargs, factory
 
+        if not self.ids:
+            raise InvalidKey("id", "an empty list names no env")
+        try:
+            for env_id in self.ids:
+                factory(env_id)  # an unknown id, or a package the env needs is missing
+        except ValueError as error:
+            raise InvalidKey("id", str(error)) from None
         try:
             for env_id in self.ids:
                 check_kwargs(env_id, self.kwargs)
