@@ -33,7 +33,7 @@ from horizonrl import envs
 from horizonrl.config import TinyModel
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
-from horizonrl.learner.warm_start import build_tiny_for_envs
+from horizonrl.train.warm_start import build_tiny_for_envs
 
 
 @dataclasses.dataclass(frozen=True)

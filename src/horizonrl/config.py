@@ -14,6 +14,8 @@ algorithms. `kl_loss_coef` (KL in the actor loss) works with every algorithm, pp
 
 from __future__ import annotations
 
+import difflib
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -21,6 +23,19 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from horizonrl.algos.group import ESTIMATORS
+
+ALGORITHMS = ("ppo", *ESTIMATORS)
+SINKS = ("jsonl", "tensorboard", "wandb")   # where each iteration's metrics go (report/sinks.py)
+MOVED = {  # keys of earlier layouts -> their place now
+    **{f"ppo.{key}": f"optim.{key}" for key in ("weight_decay", "grad_clip", "epochs", "mini_batch_size",
+                                                "micro_batch_size", "max_tokens_per_micro_batch")},
+    **{f"ppo.{key}": f"actor.{key}" for key in ("clip_low", "clip_high", "dual_clip", "entropy_coef",
+                                                "kl_loss_coef", "loss_agg")},
+    **{f"ppo.{key}": f"critic.{key}" for key in ("value_clip", "first_token_weight", "warmup_batches",
+                                                 "warmup_iters")},
+    "ppo.actor_lr": "actor.lr", "ppo.critic_lr": "critic.lr", "rollout.e_len": "ppo.e_len",
+}
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"        # recipes inside an installed wheel
 SOURCE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # recipes in a source checkout
 DEFAULT_RECIPE = "babyai_tiny.yaml"
@@ -86,6 +101,7 @@ class WarmStart(Section):
     """Supervised warm-up on format-correct, uniformly random actions (stands in for an instruct model)."""
 
     iterations: int = Field(4, gt=0, description="fixed-turn batches of demonstrations to collect")
+    turns: int = Field(8, gt=0, description="turns each env stream plays per demonstration batch")
     steps: int = Field(200, ge=0)
     batch_size: int = Field(32, gt=0)
     lr: float = Field(3e-3, gt=0)
@@ -156,8 +172,7 @@ class AgentConfig(Section):
 
 
 class RolloutConfig(Section):
-    n_env: int = Field(16, gt=0)
-    e_len: int = Field(8, gt=0)
+    n_env: int = Field(16, gt=0, description="env streams (ppo) or env handles shared by the group rollouts")
     max_tokens: int = Field(32, gt=0)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -180,37 +195,56 @@ class MicroBatchBudget:
         return MicroBatchBudget(self.rows, max(1, self.tokens // 2))
 
 
-class PPOConfig(Section):
-    actor_lr: float = Field(1e-6, gt=0)
-    critic_lr: float = Field(1e-5, gt=0)
+class OptimConfig(Section):
+    """How every algorithm steps its optimisers (AdamW): mini-batches, micro-batches, clipping."""
+
     weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    epochs: int = Field(1, gt=0, description="passes over each batch")
+    mini_batch_size: int = Field(128, gt=0, description="rows per optimizer step")
+    micro_batch_size: int = Field(32, gt=0, description="rows per forward/backward pass")
+    max_tokens_per_micro_batch: int | None = Field(
+        None, gt=0, description="rows x longest row per forward/backward pass; replaces micro_batch_size when set")
+
+    @property
+    def micro_batch_budget(self) -> MicroBatchBudget:
+        return MicroBatchBudget(self.micro_batch_size, self.max_tokens_per_micro_batch)
+
+
+class ActorConfig(Section):
+    """The policy update of every algorithm: PPO's clipped surrogate, an entropy bonus and an optional
+    k3 KL-to-reference loss (GRPO's beta)."""
+
+    lr: float = Field(1e-6, gt=0)
+    clip_low: float = Field(0.2, ge=0)
+    clip_high: float = Field(0.2, ge=0)
+    dual_clip: float | None = Field(3.0, gt=1)
+    entropy_coef: float = 0.001
+    kl_loss_coef: float = Field(0.0, ge=0, description="k3 KL to the reference in the actor loss (GRPO's beta)")
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+
+
+class PPOConfig(Section):
+    """PPO only: fixed-turn batches, token rewards (KL to the reference in the reward) and dual-discount GAE."""
+
+    e_len: int = Field(8, gt=0, description="turns each env stream plays per batch (Verlog's fixed-turn batching)")
     gamma_step: float = Field(0.99, ge=0, le=1)
     lambda_step: float = Field(0.95, ge=0, le=1)
     gamma_token: float = Field(1.0, ge=0, le=1)
     lambda_token: float = Field(1.0, ge=0, le=1)
     whiten_advantages: bool = True
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.2, ge=0)
-    dual_clip: float | None = Field(3.0, gt=1)
-    value_clip: float | None = Field(0.5, gt=0)
-    first_token_weight: float = Field(3.0, ge=0)
-    entropy_coef: float = 0.001
-    kl_coef: float = Field(0.001, ge=0, description="KL to the reference as a token reward (ppo only)")
-    kl_loss_coef: float = Field(0.0, ge=0, description="k3 KL to the reference in the actor loss (GRPO's beta)")
+    kl_coef: float = Field(0.001, ge=0, description="KL to the reference as a token reward")
     kl_estimator: Literal["k1", "k2", "k3"] = "k1"
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    epochs: int = Field(1, gt=0)
-    mini_batch_size: int = Field(128, gt=0, description="turns per optimizer step")
-    micro_batch_size: int = Field(32, gt=0, description="rows per forward/backward pass")
-    max_tokens_per_micro_batch: int | None = Field(
-        None, gt=0, description="rows x longest row per forward/backward pass; replaces micro_batch_size when set")
-    grad_clip: float = Field(1.0, gt=0)
+
+
+class CriticConfig(Section):
+    """PPO only: the value model, its clipped loss and its warmup before the actor moves."""
+
+    lr: float = Field(1e-5, gt=0)
+    value_clip: float | None = Field(0.5, gt=0)
+    first_token_weight: float = Field(3.0, ge=0, description="weight of each turn's first value (the prompt's)")
     warmup_batches: int = Field(4, ge=0, description="batches collected for critic warmup")
     warmup_iters: int = Field(5, ge=0, description="critic-only passes over the warmup batches")
-
-    @property
-    def micro_batch_budget(self) -> MicroBatchBudget:
-        return MicroBatchBudget(self.micro_batch_size, self.max_tokens_per_micro_batch)
 
 
 class MergeConfig(Section):
@@ -222,7 +256,8 @@ class MergeConfig(Section):
 
 
 class GroupConfig(Section):
-    """Episode groups for the critic-free estimators (algorithm != ppo)."""
+    """Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp; the estimator is `algorithm`): episode
+    groups of one task, scored by an outcome reward."""
 
     n_tasks: int = Field(8, gt=0, description="tasks (env seeds) per batch")
     group_size: int = Field(8, gt=1, description="rollouts per task")
@@ -269,8 +304,11 @@ class TrainConfig(Section):
     env: EnvConfig = EnvConfig()
     agent: AgentConfig = AgentConfig()
     rollout: RolloutConfig = RolloutConfig()
+    optim: OptimConfig = OptimConfig()
+    actor: ActorConfig = ActorConfig()
+    algorithm: Literal[ALGORITHMS] = "ppo"
     ppo: PPOConfig = PPOConfig()
-    algorithm: Literal["ppo", "grpo", "dr_grpo", "rloo", "reinforce_pp"] = "ppo"
+    critic: CriticConfig = CriticConfig()
     samples: Literal["per_turn", "merged"] = Field(
         "per_turn", description="merged: one row per run of turns whose prompts extend each other; needs "
                                 "agent.history=full for env episodes (agent-loop tasks always extend)")
@@ -278,6 +316,7 @@ class TrainConfig(Section):
     group: GroupConfig = GroupConfig()
     task: TaskConfig | None = None
     sft: SFTConfig = SFTConfig()
+    report_to: list[Literal[SINKS]] = Field(["jsonl"], description="metrics sinks; jsonl is always written")
 
     def sample_options(self, run_dir: Path) -> dict:
         """The keyword arguments of train.batch.prepare that choose per-turn or merged rows."""
@@ -307,11 +346,13 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _batch_divides(self) -> TrainConfig:
-        turns = self.rollout.n_env * self.rollout.e_len
-        if turns % self.ppo.mini_batch_size:
-            raise InvalidKey("ppo.mini_batch_size", f"{self.ppo.mini_batch_size} does not divide the "
-                                                    f"rollout.n_env * rollout.e_len = {turns} turns of a batch")
+    def _ppo_batch_divides(self) -> TrainConfig:
+        """PPO's batch is n_env x e_len turns, cut into equal mini-batches (group batches are whatever
+        rows the episodes make: any mini-batch size fits them)."""
+        turns = self.rollout.n_env * self.ppo.e_len
+        if self.algorithm == "ppo" and turns % self.optim.mini_batch_size:
+            raise InvalidKey("optim.mini_batch_size", f"{self.optim.mini_batch_size} does not divide the "
+                                                      f"rollout.n_env * ppo.e_len = {turns} turns of a PPO batch")
         return self
 
 
@@ -347,10 +388,47 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
 
 
 def validate(raw: dict) -> TrainConfig:
+    moved = [f"{old} moved to {new}" for old, new in MOVED.items() if _has_dotted(raw, old)]
+    if moved:
+        raise ConfigError("\n".join(moved))
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as error:
         raise ConfigError("\n".join(_describe(e) for e in error.errors())) from None
+
+
+def _has_dotted(raw: dict, key: str) -> bool:
+    node = raw
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def setting_keys(model: type[BaseModel] | None = None, prefix: str = "") -> list[str]:
+    """The dotted key of every setting (a field that is not a section) of the config."""
+    keys = []
+    for name, field in (model or TrainConfig).model_fields.items():
+        sections = [kind for kind in typing.get_args(field.annotation) or (field.annotation,)
+                    if isinstance(kind, type) and issubclass(kind, BaseModel)]
+        keys += setting_keys(sections[0], f"{prefix}{name}.") if sections else [f"{prefix}{name}"]
+    return keys
+
+
+def closest_keys(key: str, n: int = 3) -> list[str]:
+    """The settings most like `key`, by the whole dotted key or by its last part (a key given in the
+    wrong section); a key like one that moved suggests its new place."""
+    leaf = key.rpartition(".")[2]
+
+    def likeness(known: str) -> float:
+        return max(difflib.SequenceMatcher(None, key, known).ratio(),
+                   difflib.SequenceMatcher(None, leaf, known.rpartition(".")[2]).ratio())
+
+    candidates = [(known, known) for known in setting_keys()] + list(MOVED.items())
+    scored = sorted(((likeness(name), place) for name, place in candidates), key=lambda pair: -pair[0])
+    closest = list(dict.fromkeys(place for score, place in scored if score >= 0.75))
+    return closest[:n]
 
 
 def _describe(error: dict) -> str:
@@ -362,7 +440,8 @@ def _describe(error: dict) -> str:
         loc.append(cause.key)
     key = ".".join(loc) or "config"
     if error["type"] == "extra_forbidden":
-        return f"{key}: unknown key"
+        closest = closest_keys(key)
+        return f"{key}: unknown key" + (f"; did you mean {' or '.join(closest)}?" if closest else "")
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "value_error" or not error["loc"]:
         return f"{key}: {message}"

@@ -90,8 +90,8 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
             for mode in modes:
                 engine = make_engine(model, tokenizer, cfg.rollout, seed, device)
                 params = sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode])
-                collector = EpisodeGroupCollector(envs, env_id, agent, engine, params, group_size=1,
-                                                  max_turns=max_steps)
+                collector = EpisodeGroupCollector(envs, env_id, agent, engine, params, n_tasks=len(seeds),
+                                                  group_size=1, max_turns=max_steps)
                 started = time.perf_counter()
                 summary = episode_summary(collector.collect_seeds(seeds))
                 summary["seconds"] = time.perf_counter() - started

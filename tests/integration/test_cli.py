@@ -1,13 +1,16 @@
 """`horizonrl train` end to end on a small budget: run folder, metric keys, checkpoint, config errors."""
 
+import json
 import subprocess
 import sys
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from horizonrl.cli import main
-from horizonrl.config import SOURCE_CONFIGS
+from horizonrl.config import ALGORITHMS, SOURCE_CONFIGS
 from horizonrl.learner.models import is_local_path
 from horizonrl.report.metrics import read_metrics
 
@@ -19,8 +22,8 @@ REQUIRED_KEYS = [
     "train/critic/value_loss", "train/critic/explained_variance", "data/mask_ones_ratio",
     "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "timing/rollout_s", "timing/update_s",
 ]
-SMALL = ["iterations=2", "rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_size=8", "ppo.micro_batch_size=8",
-         "ppo.warmup_batches=1", "ppo.warmup_iters=1", "model.warm_start.steps=20", "model.warm_start.iterations=1"]
+SMALL = ["iterations=2", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
+         "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20", "model.warm_start.iterations=1"]
 
 
 def test_train_writes_run_folder_metrics_and_checkpoint(tmp_path, capsys):
@@ -54,7 +57,7 @@ def test_checkpoint_loads_back_as_model_path(tmp_path):
 
 
 def test_train_with_a_token_budget_per_micro_batch(tmp_path):
-    assert main(["train", TOY, *SMALL, "iterations=1", "ppo.max_tokens_per_micro_batch=256", f"output_dir={tmp_path}",
+    assert main(["train", TOY, *SMALL, "iterations=1", "optim.max_tokens_per_micro_batch=256", f"output_dir={tmp_path}",
                  "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()
     (warmup, record) = read_metrics(run_dir / "metrics.jsonl")
@@ -99,7 +102,7 @@ def test_model_path_is_local_or_a_hub_id(name, local, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["ppo.clip_low=abc"], "ppo.clip_low: Input should be a valid number"),
+    (["actor.clip_low=abc"], "actor.clip_low: Input should be a valid number"),
     (["missing.yaml"], "config file not found: missing.yaml"),
 ])
 def test_console_script_reports_config_errors_without_traceback(args, message):
@@ -108,17 +111,28 @@ def test_console_script_reports_config_errors_without_traceback(args, message):
     assert message in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
-def test_group_algorithms_train_on_episode_groups(tmp_path, algorithm):
-    assert main(["train", TOY, "iterations=1", f"algorithm={algorithm}", "group.n_tasks=2", "group.group_size=2",
-                 "group.max_turns=4", "model.warm_start.steps=20", "model.warm_start.iterations=1",
-                 "rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_size=8", "ppo.micro_batch_size=8",
-                 f"output_dir={tmp_path}", "--quiet"]) == 0
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_trains_two_iterations_on_the_toy_recipe(tmp_path, algorithm):
+    """On river episodes that can succeed (2 stones, 6 turns; the optimal episode takes 2): group rollouts of
+    one seed differ in return, so their advantages are not all 0 and the update moves the weights. The group
+    algorithms take a mini-batch size that divides no PPO batch (6 rows, n_env * e_len = 16 turns)."""
+    group = ["group.n_tasks=2", "group.group_size=4", "group.max_turns=6", "optim.mini_batch_size=6"]
+    assert main(["train", TOY, "iterations=2", f"algorithm={algorithm}", "env.kwargs={stones: 2, max_steps: 8}",
+                 "model.warm_start.steps=20", "model.warm_start.iterations=1", "rollout.n_env=4", "ppo.e_len=4",
+                 "optim.mini_batch_size=8", "optim.micro_batch_size=8", "critic.warmup_batches=1",
+                 *(group if algorithm != "ppo" else []), f"output_dir={tmp_path}", "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()
-    (record,) = read_metrics(run_dir / "metrics.jsonl")
-    assert record["phase"] == algorithm and record["env/episodes"] == 4
-    assert "train/actor/pg_loss" in record and "train/critic/value_loss" not in record
-    assert not (run_dir / "checkpoint" / "critic.safetensors").exists()
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["phase"] for r in records] == (["critic_warmup", "ppo", "ppo"] if algorithm == "ppo" else [algorithm] * 2)
+    if algorithm != "ppo":
+        assert all(r["env/episodes"] == 8 for r in records)
+        assert "train/actor/pg_loss" in records[-1] and "train/critic/value_loss" not in records[-1]
+        assert not (run_dir / "checkpoint" / "critic.safetensors").exists()
+    advantages = [turn["advantage"] for line in (run_dir / "trajectories.jsonl").read_text().splitlines()
+                  for turn in json.loads(line)["turns"]]
+    assert any(a != 0 for a in advantages)
+    init, final = (load_file(run_dir / folder / "model.safetensors") for folder in ("init", "checkpoint"))
+    assert any(not torch.equal(init[name], final[name]) for name in init)
 
 
 def test_continuation_feedback_trains_on_merged_rows(tmp_path):

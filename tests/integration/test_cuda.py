@@ -51,8 +51,8 @@ def test_engine_and_learner_logprobs_agree_on_gpu(river_tiny):
 
 
 def test_train_runs_on_gpu(tmp_path):
-    assert main(["train", TOY, "iterations=2", "device=cuda", "rollout.n_env=4", "rollout.e_len=4",
-                 "ppo.mini_batch_size=8", "ppo.micro_batch_size=8", "ppo.warmup_batches=1",
+    assert main(["train", TOY, "iterations=2", "device=cuda", "rollout.n_env=4", "ppo.e_len=4",
+                 "optim.mini_batch_size=8", "optim.micro_batch_size=8", "critic.warmup_batches=1",
                  "model.warm_start.steps=20", f"output_dir={tmp_path}", "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()
     records = read_metrics(run_dir / "metrics.jsonl")

@@ -11,8 +11,8 @@ from horizonrl.config import load_config
 from horizonrl.learner.models import resolve_model_path
 from horizonrl.report.metrics import read_metrics
 
-SHORT = ["iterations=1", "rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_size=16", "ppo.warmup_batches=1",
-         "ppo.warmup_iters=1", "save_every=0"]
+SHORT = ["iterations=1", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=16", "critic.warmup_batches=1",
+         "critic.warmup_iters=1", "save_every=0"]
 TASKS = ["babyai/goto", "babyai/pickup"]
 
 

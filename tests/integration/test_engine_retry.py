@@ -89,12 +89,12 @@ def test_train_command_reports_a_persistent_engine_failure_in_one_line(tmp_path,
     from horizonrl.cli import main
     from horizonrl.config import SOURCE_CONFIGS
     from horizonrl.engines import retry
-    from horizonrl.train import loop
+    from horizonrl.train import context
 
-    make_engine = loop.make_engine
-    monkeypatch.setattr(loop, "make_engine", lambda *args: DroppedReplies(make_engine(*args), failures=10**6))
+    make_engine = context.make_engine
+    monkeypatch.setattr(context, "make_engine", lambda *args: DroppedReplies(make_engine(*args), failures=10**6))
     monkeypatch.setattr(retry.generate_with_retry, "__defaults__", (retry.ATTEMPTS, (0.0,)))   # no waits
-    assert main(["train", str(SOURCE_CONFIGS / "toy.yaml"), "rollout.n_env=2", "ppo.mini_batch_size=16",
+    assert main(["train", str(SOURCE_CONFIGS / "toy.yaml"), "rollout.n_env=2", "optim.mini_batch_size=16",
                  "model.warm_start.steps=1", "model.warm_start.iterations=1", f"output_dir={tmp_path}",
                  "--quiet"]) == 1
     err = capsys.readouterr().err

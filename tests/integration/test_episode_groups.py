@@ -9,17 +9,17 @@ from horizonrl.envs.pool import open_envs
 from horizonrl.rollout.episode_groups import EpisodeGroupCollector, episode_return, load_reward_fn
 
 
-def collector_for(tokenizer, n_handles=2, max_turns=30, reward_fn=episode_return):
+def collector_for(tokenizer, n_tasks, n_handles=2, max_turns=30, reward_fn=episode_return):
     handles = open_envs("river", {"stones": 2, "max_steps": 6}, n_handles, workers=False, timeout_s=10)
     engine = RandomFormatEngine(tokenizer, handles[0].actions, seed=0)
-    return EpisodeGroupCollector(handles, "river", Agent(tokenizer), engine, SamplingParams(), group_size=4,
-                                 max_turns=max_turns, reward_fn=reward_fn, seed=1)
+    return EpisodeGroupCollector(handles, "river", Agent(tokenizer), engine, SamplingParams(), n_tasks=n_tasks,
+                                 group_size=4, max_turns=max_turns, reward_fn=reward_fn, seed=1)
 
 
 def test_groups_are_whole_episodes_from_one_seed(river_tiny):
     tokenizer, _ = river_tiny
-    collector = collector_for(tokenizer)
-    episodes = collector.collect(n_tasks=3)
+    collector = collector_for(tokenizer, n_tasks=3)
+    episodes = collector.collect()
     assert len(episodes) == 12 and not collector.errors
     for g in range(3):
         group = episodes[4 * g: 4 * g + 4]
@@ -29,14 +29,15 @@ def test_groups_are_whole_episodes_from_one_seed(river_tiny):
     for e in episodes:
         assert e.finished and e.outcome_reward == pytest.approx(sum(t.reward for t in e.turns))
         assert e.turns[-1].terminated or e.turns[-1].truncated
-    assert collector.collect(n_tasks=1)[0].seed == episodes[-1].seed + 1      # the next batch, new tasks
+    assert collector.collect()[0].seed == episodes[-1].seed + 1      # the next batch, new tasks
 
 
 def test_max_turns_truncates_and_reward_fn_sees_the_whole_episode(river_tiny):
     tokenizer, _ = river_tiny
     seen = []
-    collector = collector_for(tokenizer, max_turns=2, reward_fn=lambda e: seen.append(e) or len(e.turns) * 10.0)
-    episodes = collector.collect(n_tasks=2)
+    collector = collector_for(tokenizer, n_tasks=2, max_turns=2,
+                              reward_fn=lambda e: seen.append(e) or len(e.turns) * 10.0)
+    episodes = collector.collect()
     assert all(len(e.turns) <= 2 for e in episodes)
     assert all(e.turns[-1].truncated for e in episodes if not e.turns[-1].terminated)
     assert seen == episodes and all(e.outcome_reward == len(e.turns) * 10.0 for e in episodes)

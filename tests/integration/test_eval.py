@@ -13,8 +13,8 @@ from horizonrl.rollout.seeds import HELD_OUT_START
 
 TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 
-TINY_RUN = ["iterations=1", "rollout.n_env=2", "rollout.e_len=4", "ppo.mini_batch_size=8", "ppo.micro_batch_size=8",
-            "ppo.warmup_batches=0", "model.warm_start.steps=10", "model.warm_start.iterations=1",
+TINY_RUN = ["iterations=1", "rollout.n_env=2", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
+            "critic.warmup_batches=0", "model.warm_start.steps=10", "model.warm_start.iterations=1",
             "env.kwargs.max_steps=6"]
 EVAL = ["--episodes", "3", "--max-steps", "4"]
 

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from horizonrl.learner.qwen_tokenizer import ADDED_TOKENS, FIRST_ADDED_ID, QWEN2_PATTERN, tiktoken_path
+from qwen25_tokenizer import ADDED_TOKENS, FIRST_ADDED_ID, QWEN2_PATTERN, tiktoken_path
 
 tiktoken = pytest.importorskip("tiktoken")
 
@@ -99,7 +99,7 @@ def test_chat_template(qwen_tokenizer):
 
 
 def test_cache_round_trip(tmp_path):
-    from horizonrl.learner.qwen_tokenizer import build_qwen_tokenizer
+    from qwen25_tokenizer import build_qwen_tokenizer
 
     built = build_qwen_tokenizer(tmp_path / "tok")
     loaded = build_qwen_tokenizer(tmp_path / "tok")

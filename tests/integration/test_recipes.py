@@ -15,8 +15,8 @@ from horizonrl.train.loop import train
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = sorted(r for r in CONFIGS.glob("*.yaml")   # train recipes of an env (not sft, not a task)
                  if r.read_text().startswith("# horizonrl train") and load_config(r).task is None)
-SMALL = ["model.warm_start=null", "iterations=1", "rollout.n_env=2", "rollout.e_len=2", "rollout.max_tokens=16",
-        "ppo.mini_batch_size=4", "ppo.micro_batch_size=4", "ppo.warmup_batches=1", "ppo.warmup_iters=1",
+SMALL = ["model.warm_start=null", "iterations=1", "rollout.n_env=2", "ppo.e_len=2", "rollout.max_tokens=16",
+        "optim.mini_batch_size=4", "optim.micro_batch_size=4", "critic.warmup_batches=1", "critic.warmup_iters=1",
         "device=cpu"]
 
 

@@ -17,8 +17,8 @@ TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 
 # River of 2 stones, episodes of at most 4 steps in 4-turn batches: every batch has finished episodes
 # (the env curves have points).
-SMALL = ["iterations=2", "rollout.n_env=2", "rollout.e_len=4", "env.kwargs.stones=2", "env.kwargs.max_steps=4",
-         "ppo.mini_batch_size=8", "ppo.micro_batch_size=8", "ppo.warmup_batches=1", "ppo.warmup_iters=1",
+SMALL = ["iterations=2", "rollout.n_env=2", "ppo.e_len=4", "env.kwargs.stones=2", "env.kwargs.max_steps=4",
+         "optim.mini_batch_size=8", "optim.micro_batch_size=8", "critic.warmup_batches=1", "critic.warmup_iters=1",
          "model.warm_start.steps=20", "model.warm_start.iterations=1", "device=cpu"]
 
 
@@ -65,7 +65,7 @@ def test_ppo_run_report_renders_curves_and_trajectories_in_chromium(tmp_path, ca
 def test_group_run_report_has_no_value_loss_but_trajectories(tmp_path):
     run_dir = train(load_config(TOY, [
         "iterations=1", "algorithm=grpo", "group.n_tasks=2", "group.group_size=2", "group.max_turns=3",
-        "rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_size=4", "ppo.micro_batch_size=4",
+        "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=4", "optim.micro_batch_size=4",
         "model.warm_start.steps=20", "model.warm_start.iterations=1", "device=cpu", f"output_dir={tmp_path}"]),
         progress=False)
     page = (run_dir / "report.html").read_text()

@@ -32,8 +32,8 @@ from horizonrl.report.metrics import read_metrics
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 
 TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
-SMALL = ["rollout.n_env=4", "rollout.e_len=4", "ppo.mini_batch_size=8", "ppo.micro_batch_size=8",
-         "ppo.warmup_batches=1", "ppo.warmup_iters=1", "model.warm_start.steps=20", "model.warm_start.iterations=1"]
+SMALL = ["rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
+         "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20", "model.warm_start.iterations=1"]
 ALGORITHMS = {"ppo": SMALL, "grpo": [*SMALL, "algorithm=grpo", "group.n_tasks=2", "group.group_size=2",
                                      "group.max_turns=4"]}
 ITERATIONS = 4
@@ -153,8 +153,8 @@ def test_resume_refuses_other_overrides_and_a_run_without_checkpoint(tmp_path, c
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(dump(load_config(TOY, SMALL)))
-    assert main(["train", "--resume", str(run), "ppo.actor_lr=1.0"]) == 2
-    assert "only iterations, save_every can be changed (got ppo.actor_lr)" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "actor.lr=1.0"]) == 2
+    assert "only iterations, save_every can be changed (got actor.lr)" in capsys.readouterr().err
     assert main(["train", "--resume", str(run)]) == 2
     assert f"cannot resume: {run} has no complete checkpoint" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "nowhere")]) == 2

@@ -8,8 +8,8 @@ import torch
 from horizonrl.agents.agent import Agent
 from horizonrl.cli import main
 from horizonrl.envs.babyai import BabyAIEnv
-from horizonrl.learner.demonstrations import expert_episodes
-from horizonrl.learner.warm_start import build_tiny_for_envs
+from horizonrl.train.demonstrations import expert_episodes
+from horizonrl.train.warm_start import build_tiny_for_envs
 from horizonrl.config import TinyModel
 from horizonrl.records import Episode
 

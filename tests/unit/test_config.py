@@ -14,25 +14,34 @@ def test_default_recipe_loads_and_its_first_line_is_its_command():
     assert path.read_text().splitlines()[0] == "# horizonrl train configs/babyai_tiny.yaml"
     cfg = load_config()
     assert cfg.env.ids == ["babyai/goto", "babyai/pickup"] and cfg.model.path == "builtin:babyai-tiny"
-    assert cfg.algorithm == "ppo" and cfg.ppo.warmup_batches > 0 and cfg.model.warm_start is None
+    assert cfg.algorithm == "ppo" and cfg.critic.warmup_batches > 0 and cfg.model.warm_start is None
 
 
 def test_dotted_overrides_are_parsed_as_yaml():
-    cfg = load_config(TOY, ["ppo.actor_lr=1e-4", "rollout.n_env=8", "ppo.dual_clip=null", "name=x y"])
-    assert cfg.ppo.actor_lr == 1e-4 and cfg.rollout.n_env == 8 and cfg.ppo.dual_clip is None and cfg.name == "x y"
+    cfg = load_config(TOY, ["actor.lr=1e-4", "rollout.n_env=8", "actor.dual_clip=null", "name=x y"])
+    assert cfg.actor.lr == 1e-4 and cfg.rollout.n_env == 8 and cfg.actor.dual_clip is None and cfg.name == "x y"
 
 
 BAD = [  # overrides of the toy recipe -> the line of the error that names the key
-    (["ppo.acto_lr=1"], "ppo.acto_lr: unknown key"),
-    (["epochs=2"], "epochs: unknown key"),
-    (["ppo.actor_lr=abc"], "ppo.actor_lr: Input should be a valid number"),
+    (["ppo.acto_lr=1"], "ppo.acto_lr: unknown key; did you mean actor.lr or critic.lr?"),
+    (["epochs=2"], "epochs: unknown key; did you mean optim.epochs?"),
+    (["env.ids=[river]"], "env.ids: unknown key; did you mean env.id?"),
+    (["rollout.temprature=0.5"], "rollout.temprature: unknown key; did you mean rollout.temperature?"),
+    (["ppo.colour=blue"], "ppo.colour: unknown key"),
+    (["ppo.mini_batch_size=48"], "ppo.mini_batch_size moved to optim.mini_batch_size"),
+    (["ppo.actor_lr=1e-4"], "ppo.actor_lr moved to actor.lr"),
+    (["ppo.warmup_batches=2"], "ppo.warmup_batches moved to critic.warmup_batches"),
+    (["rollout.e_len=4"], "rollout.e_len moved to ppo.e_len"),
+    (["algorithm=ppo2"], "algorithm: Input should be 'ppo', 'grpo', 'dr_grpo', 'rloo' or 'reinforce_pp'"),
+    (["report_to=[jsonl,mlflow]"], "report_to.1: Input should be 'jsonl', 'tensorboard' or 'wandb'"),
+    (["actor.lr=abc"], "actor.lr: Input should be a valid number"),
     (["rollout.n_env=2.5"], "rollout.n_env: Input should be a valid integer"),
     (["env.workers=maybe"], "env.workers: Input should be a valid boolean"),
     (["rollout.n_env=-2"], "rollout.n_env: Input should be greater than 0"),
     (["seed=-1"], "seed: Input should be greater than or equal to 0"),
-    (["ppo.loss_agg=mean"], "ppo.loss_agg: Input should be 'token-mean', 'seq-mean-token-sum' or 'seq-mean-token-mean'"),
-    (["ppo.mini_batch_size=100"],
-     "ppo.mini_batch_size: 100 does not divide the rollout.n_env * rollout.e_len = 256 turns of a batch"),
+    (["actor.loss_agg=mean"], "actor.loss_agg: Input should be 'token-mean', 'seq-mean-token-sum' or 'seq-mean-token-mean'"),
+    (["optim.mini_batch_size=100"],
+     "optim.mini_batch_size: 100 does not divide the rollout.n_env * ppo.e_len = 256 turns of a PPO batch"),
     (["model.tiny.num_kv_heads=3"], "model.tiny.num_kv_heads: 3 does not divide num_heads = 4"),
     (["model.path=Qwen/Qwen2.5-0.5B-Instruct"], "model.warm_start: trains the tiny model from scratch"),
     (["rollout=3"], "rollout: Input should be a valid dictionary"),
@@ -42,7 +51,7 @@ BAD = [  # overrides of the toy recipe -> the line of the error that names the k
     (["env.kwargs.stones=30"], "env.kwargs: kwargs do not fit env 'river': need 1 <= stones <= max_steps"),
     (["env.id=babyai/goto", "env.kwargs={task: goto_moon}"],
      "env.kwargs: kwargs do not fit env 'babyai/goto': unknown BabyAI task 'goto_moon'"),
-    (["ppo.epochs=1", "novalue"], "override 'novalue' is not of the form key=value"),
+    (["optim.epochs=1", "novalue"], "override 'novalue' is not of the form key=value"),
     (["env.kwargs={stones: 3"], "override env.kwargs: '{stones: 3' is not valid YAML"),
     (["task.source=horizonrl.tasks.arithmetic:make_task"],
      "algorithm: agent-loop tasks (task:) train with a group algorithm"),
@@ -94,7 +103,7 @@ INT_FIELDS = sorted(key for key, _ in int_fields(TrainConfig))
 
 
 def test_every_count_and_size_has_a_lower_bound():
-    assert {"rollout.n_env", "rollout.e_len", "rollout.max_tokens", "ppo.mini_batch_size", "ppo.micro_batch_size",
+    assert {"rollout.n_env", "ppo.e_len", "rollout.max_tokens", "optim.mini_batch_size", "optim.micro_batch_size",
             "iterations", "model.tiny.vocab_size", "group.group_size", "task.max_total_tokens"} <= set(INT_FIELDS)
     unbounded = [key for key, field in int_fields(TrainConfig)
                  if not any(hasattr(bound, "gt") or hasattr(bound, "ge") for bound in field.metadata)]
@@ -127,3 +136,26 @@ def test_dump_round_trips():
 
     cfg = load_config()
     assert validate(yaml.safe_load(dump(cfg))) == cfg
+
+
+def test_the_ppo_batch_rule_applies_to_ppo_only():
+    """A group batch is whatever rows its episodes make: any mini-batch size fits it."""
+    cfg = load_config(TOY, ["algorithm=grpo", "optim.mini_batch_size=48"])
+    assert cfg.optim.mini_batch_size == 48 and cfg.rollout.n_env * cfg.ppo.e_len % 48 != 0
+    with pytest.raises(ConfigError, match="optim.mini_batch_size: 48 does not divide"):
+        load_config(TOY, ["algorithm=ppo", "optim.mini_batch_size=48"])
+
+
+def test_algorithm_names_come_from_the_estimator_registry():
+    from horizonrl.algos.group import ESTIMATORS
+
+    assert typing.get_args(TrainConfig.model_fields["algorithm"].annotation) == ("ppo", *ESTIMATORS)
+
+
+def test_a_recipe_in_an_earlier_layout_names_every_moved_key(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("ppo:\n  actor_lr: 1.0e-4\n  gamma_step: 0.9\n  epochs: 2\nrollout:\n  e_len: 4\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(old)
+    assert str(error.value).splitlines() == ["ppo.epochs moved to optim.epochs", "ppo.actor_lr moved to actor.lr",
+                                             "rollout.e_len moved to ppo.e_len"]

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from horizonrl.config import MicroBatchBudget, PPOConfig
+from horizonrl.config import MicroBatchBudget, OptimConfig
 from horizonrl.learner.models import ValueModel
 from horizonrl.learner.scoring import pack_rows, prompt_values, score
 from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates, optimizer_step
@@ -36,7 +36,7 @@ def test_budget_halves_tokens_or_else_rows():
     assert MicroBatchBudget(8, 1000).halved() == MicroBatchBudget(8, 500)
     assert MicroBatchBudget(8).halved() == MicroBatchBudget(4)
     assert MicroBatchBudget(1).halved() == MicroBatchBudget(1)
-    assert PPOConfig(micro_batch_size=4, max_tokens_per_micro_batch=512).micro_batch_budget == MicroBatchBudget(4, 512)
+    assert OptimConfig(micro_batch_size=4, max_tokens_per_micro_batch=512).micro_batch_budget == MicroBatchBudget(4, 512)
 
 
 @pytest.fixture(scope="module")

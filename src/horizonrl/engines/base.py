@@ -34,8 +34,20 @@ class Generation:
 
 @runtime_checkable
 class Engine(Protocol):
+    """What a collector samples from: HFEngine (a model), or a scripted teacher or test double."""
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
     def sync_weights(self, model) -> None:
         """Make the engine sample from `model`'s current weights."""
         ...
+
+
+@runtime_checkable
+class TrainingEngine(Engine, Protocol):
+    """An engine a training run samples from: its state (e.g. the weights version that seeds its
+    requests) is checkpointed with the run and restored on resume."""
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...

@@ -89,7 +89,7 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
                 raise
             if retry:
                 raise RuntimeError(f"out of memory in a micro-batch again with the halved budget {budget}; "
-                                   "lower ppo.max_tokens_per_micro_batch (or ppo.micro_batch_size)") from error
+                                   "lower optim.max_tokens_per_micro_batch (or optim.micro_batch_size)") from error
         # outside the except block, so that the failed attempt's tensors are freed
         optimizer.zero_grad(set_to_none=True)
         halved = budget.halved()

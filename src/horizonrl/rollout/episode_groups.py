@@ -43,18 +43,19 @@ def load_reward_fn(path: str | None) -> RewardFn:
 
 
 class EpisodeGroupCollector:
-    def __init__(self, envs: list, task: str, agent: Agent, engine: Engine, params: SamplingParams,
+    def __init__(self, envs: list, task: str, agent: Agent, engine: Engine, params: SamplingParams, n_tasks: int,
                  group_size: int, max_turns: int | None, reward_fn: RewardFn = episode_return, seed: int = 0):
         """`envs`: async env handles (horizonrl.envs.pool); rollouts share them."""
         self.envs, self.task, self.agent, self.engine, self.params = envs, task, agent, engine, params
-        self.group_size, self.max_turns, self.reward_fn = group_size, max_turns, reward_fn
+        self.n_tasks, self.group_size, self.max_turns, self.reward_fn = n_tasks, group_size, max_turns, reward_fn
         self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []
 
-    def collect(self, n_tasks: int) -> list[Episode]:
-        """`n_tasks * group_size` finished episodes, grouped: task by task, rollout by rollout."""
-        seeds = list(range(self.next_seed, self.next_seed + n_tasks))
-        self.next_seed += n_tasks
+    def collect(self) -> list[Episode]:
+        """`n_tasks * group_size` finished episodes of the next `n_tasks` training seeds, grouped: task by
+        task, rollout by rollout."""
+        seeds = list(range(self.next_seed, self.next_seed + self.n_tasks))
+        self.next_seed += self.n_tasks
         return self.collect_seeds(seeds)
 
     def state_dict(self) -> dict:

@@ -40,10 +40,10 @@ def max_training_episodes(cfg: TrainConfig) -> int:
     """An upper bound on the episodes any one collector of the run `cfg` started (hence on its seed
     offsets j): every episode takes at least one turn of a fixed-turn batch, or is one task of a group
     batch (a group's rollouts share their seed)."""
-    turns_per_batch = cfg.rollout.n_env * cfg.rollout.e_len
-    warm_start = turns_per_batch * cfg.model.warm_start.iterations if cfg.model.warm_start else 0
+    warm_start = cfg.rollout.n_env * cfg.model.warm_start.turns * cfg.model.warm_start.iterations \
+        if cfg.model.warm_start else 0
     if cfg.algorithm == "ppo":
-        training = turns_per_batch * (cfg.ppo.warmup_batches + cfg.iterations)
+        training = cfg.rollout.n_env * cfg.ppo.e_len * (cfg.critic.warmup_batches + cfg.iterations)
     else:
         training = cfg.group.n_tasks * cfg.iterations
     return max(warm_start, training)

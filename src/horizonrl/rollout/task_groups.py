@@ -19,16 +19,18 @@ from horizonrl.rollout.seeds import first_training_seed
 
 
 class TaskGroupCollector:
-    def __init__(self, loop: AgentLoop, make_task: Callable[[int], Task], group_size: int, reward_fn: RewardFn,
-                 seed: int = 0):
-        self.loop, self.make_task, self.group_size, self.reward_fn = loop, make_task, group_size, reward_fn
+    def __init__(self, loop: AgentLoop, make_task: Callable[[int], Task], n_tasks: int, group_size: int,
+                 reward_fn: RewardFn, seed: int = 0):
+        self.loop, self.make_task, self.reward_fn = loop, make_task, reward_fn
+        self.n_tasks, self.group_size = n_tasks, group_size
         self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []      # the agent loop recovers from tool errors; nothing is lost here
 
-    def collect(self, n_tasks: int) -> list[Episode]:
-        """`n_tasks * group_size` finished episodes, task by task, rollout by rollout."""
-        tasks = [self.make_task(seed) for seed in range(self.next_seed, self.next_seed + n_tasks)]
-        self.next_seed += n_tasks
+    def collect(self) -> list[Episode]:
+        """`n_tasks * group_size` finished episodes of the next `n_tasks` tasks, task by task, rollout by
+        rollout."""
+        tasks = [self.make_task(seed) for seed in range(self.next_seed, self.next_seed + self.n_tasks)]
+        self.next_seed += self.n_tasks
         return asyncio.run(self._collect(tasks))
 
     def state_dict(self) -> dict:

@@ -38,9 +38,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from horizonrl.config import ConfigError, TrainConfig, dump, load_config
+from horizonrl.engines.base import TrainingEngine
 from horizonrl.learner.models import load_policy
+from horizonrl.rollout.collector import Collector
 from horizonrl.report.trajectories import TRAJECTORIES
 
 log = logging.getLogger(__name__)
@@ -127,16 +130,15 @@ def iteration_folder(iteration: int) -> str:
 class TrainingState:
     """Everything a run changes as it trains, besides its logs. `save` and `restore` see it at an
     iteration boundary: after `engine.sync_weights` (see HFEngine.state_dict) or the critic warmup,
-    with no episode fragment pending in the collector.
+    with no episode fragment pending in the collector. The engine's and the collector's states are
+    JSON-able dicts."""
 
-    `collector` and `engine` have `state_dict()` / `load_state_dict(state)` (JSON-able dicts)."""
-
-    actor: torch.nn.Module
-    tokenizer: object
+    actor: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
     actor_opt: torch.optim.Optimizer
     shuffle: torch.Generator
-    engine: object
-    collector: object
+    engine: TrainingEngine
+    collector: Collector
     critic: torch.nn.Module | None = None
     critic_opt: torch.optim.Optimizer | None = None
 

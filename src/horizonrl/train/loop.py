@@ -1,45 +1,38 @@
-"""The training loop: PPO with dual-discount GAE, critic warmup and fixed-turn batching
-(or, with `algorithm` grpo / dr_grpo / rloo / reinforce_pp, train/group_loop.py on episode groups of
-an env, or of an agent-loop task: train/tasks.py).
+"""The training loop: one outer loop, one iteration function per algorithm family.
 
-    collect n_env x e_len turns  ->  per-turn rows  ->  score (logp_old, logp_ref, V)
-    ->  token rewards (env reward on the last token, -beta * KL on every token)
-    ->  dual-discount GAE  ->  update critic, update actor  ->  sync weights to the engine
+    ppo_iteration     collect n_env x e_len turns -> per-turn rows scored by actor, reference, critic
+                      -> token rewards (env reward on the last token, -kl_coef * KL on every token)
+                      -> dual-discount GAE -> update critic and actor -> sync weights to the engine
+    group_iteration   collect n_tasks x group_size whole episodes -> outcome reward per episode
+                      -> rows scored by actor and reference -> group advantage on every sampled token
+                      -> update actor -> sync weights to the engine          (grpo, dr_grpo, rloo, reinforce_pp)
 
-Each iteration appends its record to metrics.jsonl and a few sample episodes to trajectories.jsonl
-(iteration 0: the critic warmup); the run ends by writing report.html from them (report/html.py).
-Every `save_every` iterations, after the last one and when a SIGINT/SIGTERM asks the run to stop, the
-whole training state is saved in checkpoints/ (train/checkpoint.py), from which `train(..., resume=RUN)`
-continues exactly.
+Iteration 0 of a ppo run is the critic warmup (`critic_warmup_iteration`). Every iteration's record
+goes to each metrics sink (metrics.jsonl always) and two sample episodes to trajectories.jsonl; the
+run ends by writing report.html. Every `save_every` iterations, after the last one and when a
+SIGINT/SIGTERM asks the run to stop, the whole training state is saved in checkpoints/
+(train/checkpoint.py), from which `train(..., resume=RUN)` continues exactly.
 """
 
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from horizonrl import envs as env_registry
-from horizonrl.config import TrainConfig, dump
+from horizonrl.config import TrainConfig
 from horizonrl.envs.pool import open_envs
-from horizonrl.learner.device import resolve_device
-from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, pad_token_id
-from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
-from horizonrl.learner.warm_start import build_tiny_for_envs, format_warm_start
+from horizonrl.learner.update import Stats, minibatch_updates
+from horizonrl.records import Episode
 from horizonrl.report.html import write_report
-from horizonrl.report.metrics import MetricsLog, episode_metrics
+from horizonrl.report.metrics import episode_metrics
+from horizonrl.report.sinks import check_sinks
 from horizonrl.report.trajectories import trajectory_records, write_trajectories
-from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
-from horizonrl.rollout.fixed_turn import FixedTurnCollector
-from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
-from horizonrl.train.batch import batch_metrics, estimate_advantages, prepare
-from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, TrainingStopped,
-                                        prepare_resume, reference_policy, save_checkpoint)
-from horizonrl.train.group_loop import group_iterations
-from horizonrl.train.tasks import build_tiny_for_task, task_collector, task_warm_start
+from horizonrl.train.batch import PPOBatch, batch_metrics, estimate_advantages, group_advantages_to_tokens, prepare
+from horizonrl.train.checkpoint import StopSignals, TrainingStopped, prepare_resume, save_checkpoint
+from horizonrl.train.context import RunContext, start_run
 from horizonrl.train.warmup import critic_warmup
 
 
@@ -49,148 +42,135 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
     `resume`: continue that run folder (`cfg`: its config, see checkpoint.resume_config) from its last
     checkpoint. A SIGINT or SIGTERM stops the run at the next iteration boundary with a checkpoint, and
     TrainingStopped is raised once report.html is written."""
+    check_sinks(cfg.report_to)
     point = prepare_resume(resume, cfg) if resume is not None else None
     torch.manual_seed(cfg.seed)
     envs = [] if cfg.task is not None else open_envs(cfg.env.ids, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
                                                      cfg.env.timeout_s)
     try:
         with StopSignals() as signals:
-            run_dir = _train(cfg, envs, progress, signals, point)
+            ctx = start_run(cfg, envs, signals, point)
+            with ctx.metrics:
+                run_iterations(ctx, progress)
+            save_checkpoint(ctx.run_dir / "checkpoint", ctx.actor, ctx.tokenizer, ctx.critic)
     except TrainingStopped as stopped:
         write_report(stopped.run_dir)
         raise
     finally:
         for env in envs:
             env.close()
-    write_report(run_dir)
-    return run_dir
+    write_report(ctx.run_dir)
+    return ctx.run_dir
 
 
-def _train(cfg: TrainConfig, envs: list, progress: bool, signals: StopSignals, resume: ResumePoint | None) -> Path:
-    device = resolve_device(cfg.device)
-    ppo, rollout = cfg.ppo, cfg.rollout
-
-    # Networks: the policy (loaded, or tiny + format warm start; resuming: the checkpoint's), a critic
-    # from its backbone, a frozen reference (the initial policy).
-    if resume is None:
-        tokenizer, actor = build_policy(cfg, device)
-        agent = make_agent(tokenizer, cfg.agent)
-        if cfg.model.path is None and cfg.model.warm_start:
-            if cfg.task is not None:
-                task_warm_start(actor, tokenizer, cfg)
-            else:
-                format_warm_start(actor, agent, envs, cfg.model.warm_start, rollout.e_len, cfg.seed)
-        run_dir = make_run_dir(cfg)
-        if cfg.model.path is None:
-            save_checkpoint(run_dir / "init", actor, tokenizer)
-        reference = frozen_copy(actor)
-    else:
-        run_dir = resume.run_dir
-        tokenizer, actor = load_policy(str(resume.folder), device)
-        agent = make_agent(tokenizer, cfg.agent)
-        reference = reference_policy(cfg, run_dir, device)
-    actor.eval()  # dropout off: the sampler and the learner compute the same function
-    pad_id = pad_token_id(tokenizer)
-    actor_opt = torch.optim.AdamW(actor.parameters(), lr=ppo.actor_lr, weight_decay=ppo.weight_decay)
-    actor_loss = actor_loss_fn(actor, ppo.clip_low, ppo.clip_high, ppo.dual_clip, ppo.entropy_coef, ppo.loss_agg,
-                               rollout.temperature, ppo.kl_loss_coef)
-    shuffle = torch.Generator().manual_seed(cfg.seed)
-
-    # Rollout: the engine samples from the actor itself (shared weights, nothing to copy in-process).
-    engine = make_engine(actor, tokenizer, rollout, cfg.seed, device)
-    params = sampling_params(rollout, tokenizer, actor, agent)
-    metrics_log = MetricsLog(run_dir / "metrics.jsonl")
-    if cfg.algorithm != "ppo":
-        collector = (task_collector(cfg, tokenizer, engine, params) if cfg.task is not None else
-                     EpisodeGroupCollector(envs, cfg.env.ids[0], agent, engine, params, cfg.group.group_size,
-                                           cfg.group.max_turns, load_reward_fn(cfg.group.reward_fn), cfg.seed))
-        state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector)
-        first = state.restore(resume.folder) + 1 if resume is not None else 1
-        group_iterations(cfg, collector, engine, actor, reference, actor_opt, actor_loss, pad_id, shuffle,
-                         metrics_log, device, progress, tokenizer, run_dir, Checkpointer(run_dir, state, cfg, signals),
-                         first)
-        save_checkpoint(run_dir / "checkpoint", actor, tokenizer)
-        return run_dir
-
-    critic = ValueModel.from_policy(actor).eval()
-    critic_opt = torch.optim.AdamW(critic.parameters(), lr=ppo.critic_lr, weight_decay=ppo.weight_decay)
-    critic_loss = critic_loss_fn(critic, ppo.value_clip, ppo.first_token_weight)
-    collector = FixedTurnCollector(envs, agent, engine, params, rollout.e_len, cfg.seed)
-    state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, critic, critic_opt)
-    checkpointer = Checkpointer(run_dir, state, cfg, signals)
-    first = state.restore(resume.folder) + 1 if resume is not None else 0  # 0: the critic warmup
-
-    def collect_and_score():
-        started = time.perf_counter()
-        episodes = collector.collect()
-        rollout_s = time.perf_counter() - started
-        batch = prepare(episodes, actor, reference, critic, pad_id, ppo.micro_batch_budget, rollout.temperature,
-                        device, tokenizer=tokenizer, **cfg.sample_options(run_dir))
-        return batch, rollout_s, time.perf_counter() - started - rollout_s
-
-    if first == 0 and ppo.warmup_batches and ppo.warmup_iters:
-        started = time.perf_counter()
-        batches, errors = [], 0
-        for _ in range(ppo.warmup_batches):
-            batches.append(collect_and_score()[0])
-            errors += len(collector.errors)
-        record = {"iteration": 0, "phase": "critic_warmup", "env/errors": errors}
-        record.update(episode_metrics([e for b in batches for e in b.episodes]))
-        record.update(critic_warmup(batches, critic, critic_opt, critic_loss, ppo, pad_id, shuffle))
-        record["timing/warmup_s"] = time.perf_counter() - started
-        metrics_log.write(record)
-        write_trajectories(run_dir, trajectory_records(0, batches[-1].episodes, batches[-1].samples,
-                                                       batches[-1].data["advantages"], tokenizer))
-        checkpointer.iteration_done(0)
-
-    bar = tqdm(range(max(first, 1), cfg.iterations + 1), desc=cfg.name, disable=not progress, dynamic_ncols=True)
-    for iteration in bar:
-        batch, rollout_s, score_s = collect_and_score()
-        estimate_advantages(batch, ppo)
-
-        started = time.perf_counter()
-        actor_stats, critic_stats = Stats(), Stats()
-        minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_budget, ppo.epochs, shuffle,
-                          [(critic_opt, critic_loss, ppo.grad_clip, critic_stats),
-                           (actor_opt, actor_loss, ppo.grad_clip, actor_stats)])
-        engine.sync_weights(actor)
-        update_s = time.perf_counter() - started
-
-        generated = sum(len(t.response_ids) for e in batch.episodes for t in e.turns)
-        record = {"iteration": iteration, "phase": "ppo", "env/errors": len(collector.errors),
-                  **episode_metrics(batch.episodes),
-                  **actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"),
-                  **batch_metrics(batch),
-                  "perf/rollout_tokens_per_s": generated / rollout_s,
-                  "perf/train_tokens_per_s": float(batch.data["attention_mask"].sum()) / (score_s + update_s),
-                  "timing/rollout_s": rollout_s, "timing/score_s": score_s, "timing/update_s": update_s}
-        metrics_log.write(record)
-        write_trajectories(run_dir, trajectory_records(iteration, batch.episodes, batch.samples,
-                                                       batch.data["advantages"], tokenizer))
+def run_iterations(ctx: RunContext, progress: bool) -> None:
+    """Iterations ctx.first_iteration..cfg.iterations of the run's algorithm, each followed by a
+    checkpoint when one is due (or a stop signal asked for one)."""
+    cfg = ctx.cfg
+    iterate = ppo_iteration if cfg.algorithm == "ppo" else group_iteration
+    bar = tqdm(range(ctx.first_iteration, cfg.iterations + 1), desc=cfg.name, disable=not progress,
+               dynamic_ncols=True)
+    for i in bar:
+        record = critic_warmup_iteration(ctx) if i == 0 else iterate(ctx, i)
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
-        checkpointer.iteration_done(iteration)
-
-    save_checkpoint(run_dir / "checkpoint", actor, tokenizer, critic)
-    return run_dir
+        ctx.checkpointer.iteration_done(i)
 
 
-def build_policy(cfg: TrainConfig, device) -> tuple:
-    """(tokenizer, policy): loaded from `model.path`, else a tiny model for the task or the env(s)."""
-    if cfg.model.path is not None:
-        return load_policy(cfg.model.path, device)
-    if cfg.task is not None:
-        return build_tiny_for_task(cfg, device)
-    envs = [env_registry.make(env_id, **cfg.env.kwargs) for env_id in cfg.env.ids]
-    return build_tiny_for_envs(envs, cfg.model.tiny, cfg.seed, device)
+def ppo_iteration(ctx: RunContext, i: int) -> dict:
+    """PPO with dual-discount GAE on a fixed-turn batch; returns the iteration's metrics record."""
+    cfg, optim = ctx.cfg, ctx.cfg.optim
+    clock = Stopwatch()
+    episodes = ctx.collector.collect()                         # n_env streams x e_len turns
+    clock.lap("rollout")
+    batch = score(ctx, episodes, ctx.critic)                    # logp_old, logp_ref, values_old per token
+    estimate_advantages(batch, cfg.ppo)                         # token rewards -> GAE -> advantages, returns
+    clock.lap("score")
+    actor_stats, critic_stats = Stats(), Stats()
+    minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, optim.epochs, ctx.shuffle,
+                      [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, critic_stats),
+                       (ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)])
+    ctx.engine.sync_weights(ctx.actor)
+    clock.lap("update")
+    return log_iteration(ctx, i, "ppo", episodes, batch, clock.laps,
+                         {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/")})
 
 
-def make_run_dir(cfg: TrainConfig) -> Path:
-    """runs/<name>-<time>/ with the resolved config.yaml."""
-    base = Path(cfg.output_dir) / f"{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    run_dir, n = base, 1
-    while run_dir.exists():
-        n += 1
-        run_dir = base.with_name(f"{base.name}-{n}")
-    run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(dump(cfg))
-    return run_dir
+def group_iteration(ctx: RunContext, i: int) -> dict:
+    """A critic-free group estimator (cfg.algorithm) on whole episodes; returns the metrics record.
+
+    Episodes closed by an env error are left out of their group. There is no KL-in-reward term (there
+    is no per-token reward to put it in); `actor.kl_loss_coef` puts the KL in the actor loss instead."""
+    cfg, optim = ctx.cfg, ctx.cfg.optim
+    clock = Stopwatch()
+    episodes = ctx.collector.collect()                         # n_tasks x group_size whole episodes
+    clock.lap("rollout")
+    kept = [e for e in episodes if "error" not in e.metrics]
+    batch = score(ctx, kept, critic=None)                       # logp_old, logp_ref per token
+    group_advantages_to_tokens(batch, cfg.algorithm)            # outcome reward -> group advantage per token
+    clock.lap("score")
+    actor_stats = Stats()
+    minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, optim.epochs, ctx.shuffle,
+                      [(ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)])
+    ctx.engine.sync_weights(ctx.actor)
+    clock.lap("update")
+    outcome = sum(e.outcome_reward for e in kept) / max(len(kept), 1)
+    return log_iteration(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
+                         {**actor_stats.means("train/actor/"), "train/outcome_reward_mean": outcome})
+
+
+def critic_warmup_iteration(ctx: RunContext) -> dict:
+    """Iteration 0 of ppo: `critic.warmup_batches` batches collected with the initial policy, then the
+    critic alone fitted to them (train/warmup.py); returns the metrics record."""
+    clock = Stopwatch()
+    batches, errors = [], 0
+    for _ in range(ctx.cfg.critic.warmup_batches):
+        batches.append(score(ctx, ctx.collector.collect(), ctx.critic))
+        errors += len(ctx.collector.errors)
+    stats = critic_warmup(ctx, batches)
+    clock.lap("warmup")
+    record = {"iteration": 0, "phase": "critic_warmup", "env/errors": errors,
+              **episode_metrics([e for b in batches for e in b.episodes]), **stats, **clock.laps}
+    return write_records(ctx, record, batches[-1])
+
+
+def score(ctx: RunContext, episodes: list[Episode], critic) -> PPOBatch:
+    """The episodes' rows (per-turn or merged, as the config says) scored by the actor, the reference
+    and `critic` (None: no values)."""
+    cfg = ctx.cfg
+    return prepare(episodes, ctx.actor, ctx.reference, critic, ctx.pad_id, cfg.optim.micro_batch_budget,
+                   cfg.rollout.temperature, ctx.device, tokenizer=ctx.tokenizer, **cfg.sample_options(ctx.run_dir))
+
+
+def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], batch: PPOBatch,
+                  timings: dict[str, float], update_stats: dict[str, float]) -> dict:
+    """The iteration's record: env statistics of every collected episode, the update's statistics,
+    the batch's (data, KL, critic fit, sampler consistency), throughput and timings."""
+    generated = sum(len(t.response_ids) for e in batch.episodes for t in e.turns)
+    trained = float(batch.data["attention_mask"].sum())
+    record = {"iteration": i, "phase": phase, "env/errors": len(ctx.collector.errors),
+              **episode_metrics(episodes), **update_stats, **batch_metrics(batch),
+              "perf/rollout_tokens_per_s": generated / timings["timing/rollout_s"],
+              "perf/train_tokens_per_s": trained / (timings["timing/score_s"] + timings["timing/update_s"]),
+              **timings}
+    return write_records(ctx, record, batch)
+
+
+def write_records(ctx: RunContext, record: dict, batch: PPOBatch) -> dict:
+    """`record` to every metrics sink, two sample episodes of `batch` to trajectories.jsonl."""
+    ctx.metrics.write(record)
+    write_trajectories(ctx.run_dir, trajectory_records(record["iteration"], batch.episodes, batch.samples,
+                                                       batch.data["advantages"], ctx.tokenizer))
+    return record
+
+
+class Stopwatch:
+    """`lap(name)` records the seconds since the previous lap (or the start) as laps["timing/<name>_s"]."""
+
+    def __init__(self):
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[f"timing/{name}_s"] = now - self._last
+        self._last = now

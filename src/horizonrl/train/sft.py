@@ -14,21 +14,23 @@ from pathlib import Path
 import torch
 
 from horizonrl.config import TrainConfig
-from horizonrl.learner.demonstrations import expert_episodes
 from horizonrl.learner.device import resolve_device
 from horizonrl.learner.models import pad_token_id
 from horizonrl.learner.sft import supervised_finetune
-from horizonrl.report.metrics import MetricsLog, episode_metrics
+from horizonrl.report.metrics import episode_metrics
+from horizonrl.report.sinks import MetricsSinks, check_sinks
+from horizonrl.rollout.from_config import make_agent
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.train.checkpoint import save_checkpoint
-from horizonrl.rollout.from_config import make_agent
-from horizonrl.train.loop import build_policy, make_run_dir
+from horizonrl.train.context import build_policy, make_run_dir
+from horizonrl.train.demonstrations import expert_episodes
 
 log = logging.getLogger(__name__)
 
 
 def sft(cfg: TrainConfig) -> Path:
     """Run the supervised warm start; returns the run folder (checkpoint/, metrics.jsonl, config.yaml)."""
+    check_sinks(cfg.report_to)
     torch.manual_seed(cfg.seed)
     device = resolve_device(cfg.device)
     tokenizer, policy = build_policy(cfg, device)
@@ -38,12 +40,12 @@ def sft(cfg: TrainConfig) -> Path:
     demo_metrics = episode_metrics(demos)
     log.info("%d expert episodes, %d turns, success rate %.3f", len(demos), demo_metrics["env/turns"],
              demo_metrics["env/success_rate"])
-    losses = supervised_finetune(policy, per_turn(demos), pad_token_id(tokenizer), cfg.sft.steps, cfg.sft.batch_size, cfg.sft.lr,
-                                 seed=cfg.seed)
+    losses = supervised_finetune(policy, per_turn(demos), pad_token_id(tokenizer), cfg.sft.steps, cfg.sft.batch_size,
+                                 cfg.sft.lr, seed=cfg.seed)
     run_dir = make_run_dir(cfg)
-    metrics_log = MetricsLog(run_dir / "metrics.jsonl")
-    metrics_log.write({"iteration": 0, "phase": "demonstrations", **demo_metrics})
-    for step, loss in enumerate(losses, 1):
-        metrics_log.write({"iteration": step, "phase": "sft", "sft/loss": loss})
+    with MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json")) as metrics:
+        metrics.write({"iteration": 0, "phase": "demonstrations", **demo_metrics})
+        for step, loss in enumerate(losses, 1):
+            metrics.write({"iteration": step, "phase": "sft", "sft/loss": loss})
     save_checkpoint(run_dir / "checkpoint", policy, tokenizer)
     return run_dir

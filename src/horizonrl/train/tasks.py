@@ -17,7 +17,7 @@ from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.learner.tokenizer import train_bpe_tokenizer
-from horizonrl.learner.warm_start import build_tiny
+from horizonrl.train.warm_start import build_tiny
 from horizonrl.records import Episode, Task
 from horizonrl.rollout.agent_loop import AgentLoop
 from horizonrl.rollout.episode_groups import load_reward_fn
@@ -44,7 +44,7 @@ def make_agent_loop(cfg: TrainConfig, tokenizer, engine: Engine, params: Samplin
 
 def task_collector(cfg: TrainConfig, tokenizer, engine: Engine, params: SamplingParams) -> TaskGroupCollector:
     return TaskGroupCollector(make_agent_loop(cfg, tokenizer, engine, params), import_target(cfg.task.source),
-                              cfg.group.group_size, load_reward_fn(cfg.group.reward_fn), cfg.seed)
+                              cfg.group.n_tasks, cfg.group.group_size, load_reward_fn(cfg.group.reward_fn), cfg.seed)
 
 
 def demo_tasks(cfg: TrainConfig, n_tasks: int) -> list[Task]:

@@ -1,32 +1,35 @@
 """Critic warmup (Verlog): fit the critic to the initial policy before the actor moves.
 
-Collect `warmup_batches` fixed-turn batches once; then for `warmup_iters` passes: re-score the values
-with the current critic, recompute GAE, and update the critic alone on every batch.
+Collect `critic.warmup_batches` fixed-turn batches once; then for `critic.warmup_iters` passes:
+re-score the values with the current critic, recompute GAE, and update the critic alone on every batch.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from horizonrl.algos.losses import explained_variance
-from horizonrl.config import PPOConfig
-from horizonrl.learner.update import LossFn, Stats, minibatch_updates
+from horizonrl.learner.update import Stats, minibatch_updates
 from horizonrl.train.batch import PPOBatch, estimate_advantages, refresh_values
 
+if TYPE_CHECKING:
+    from horizonrl.train.context import RunContext
 
-def critic_warmup(batches: list[PPOBatch], critic, critic_opt, critic_loss: LossFn, ppo: PPOConfig, pad_id: int,
-                  shuffle: torch.Generator) -> dict[str, float]:
-    """Train the critic only; returns its loss statistics and its final explained variance."""
-    stats = Stats()
-    for _ in range(ppo.warmup_iters):
+
+def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
+    """Train ctx.critic only; returns its loss statistics and its final explained variance."""
+    cfg, optim, stats = ctx.cfg, ctx.cfg.optim, Stats()
+    for _ in range(cfg.critic.warmup_iters):
         for batch in batches:
-            refresh_values(batch, critic, pad_id, ppo.micro_batch_budget)
-            estimate_advantages(batch, ppo)
-            minibatch_updates(batch.data, ppo.mini_batch_size, ppo.micro_batch_budget, 1, shuffle,
-                              [(critic_opt, critic_loss, ppo.grad_clip, stats)])
+            refresh_values(batch, ctx.critic, ctx.pad_id, optim.micro_batch_budget)
+            estimate_advantages(batch, cfg.ppo)
+            minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, 1, ctx.shuffle,
+                              [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, stats)])
     for batch in batches:
-        refresh_values(batch, critic, pad_id, ppo.micro_batch_budget)
-        estimate_advantages(batch, ppo)
+        refresh_values(batch, ctx.critic, ctx.pad_id, optim.micro_batch_budget)
+        estimate_advantages(batch, cfg.ppo)
     metrics = stats.means("train/critic/")
     metrics["train/critic/explained_variance"] = explained_variance(
         torch.cat([b.index.to_turns(b.data["values_old"]).flatten() for b in batches]),

@@ -26,8 +26,8 @@ def expert_episodes(agent: Agent, env_id: str, env_kwargs: dict, episodes: int, 
             raise ValueError(f"{env_id} has no expert to demonstrate it (no expert_action()); "
                              "demonstrations exist for the babyai/* envs")
         collector = EpisodeGroupCollector([handle], env_id, agent, ExpertEngine(agent.tokenizer, handle),
-                                          SamplingParams(stop_patterns=agent.stop_patterns), group_size=1,
-                                          max_turns=max_turns, seed=seed)
-        return collector.collect(episodes)
+                                          SamplingParams(stop_patterns=agent.stop_patterns), n_tasks=episodes,
+                                          group_size=1, max_turns=max_turns, seed=seed)
+        return collector.collect()
     finally:
         handle.close()

@@ -66,13 +66,13 @@ def build_tiny(corpus: list[str], tiny: TinyModel, seed: int, device):
     return tokenizer, model.to(device)
 
 
-def format_warm_start(model, agent: Agent, envs: list, warm_start: WarmStart, e_len: int, seed: int) -> list[float]:
+def format_warm_start(model, agent: Agent, envs: list, warm_start: WarmStart, seed: int) -> list[float]:
     """Fine-tune `model` in place to answer in the THINK/ACTION format with uniformly random actions,
     on exactly the prompts `agent` builds; returns the loss of every step."""
     tokenizer = agent.tokenizer
     demonstrator = RandomFormatEngine(tokenizer, envs[0].actions, seed=seed)
-    collector = FixedTurnCollector(envs, agent, demonstrator, SamplingParams(stop_patterns=agent.stop_patterns), e_len,
-                                   seed=seed + 7919)
+    collector = FixedTurnCollector(envs, agent, demonstrator, SamplingParams(stop_patterns=agent.stop_patterns),
+                                   warm_start.turns, seed=seed + 7919)
     demos = [episode for _ in range(warm_start.iterations) for episode in collector.collect()]
     losses = supervised_finetune(model, per_turn(demos), tokenizer.pad_token_id, warm_start.steps,
                                  warm_start.batch_size, warm_start.lr, seed=seed)

@@ -1,0 +1,28 @@
+"""The Collector protocol: what a training iteration collects its episodes from.
+
+FixedTurnCollector (PPO: n_env streams x e_len turns, episodes cut at the batch boundary),
+EpisodeGroupCollector (group algorithms on an env: n_tasks seeds x group_size whole episodes) and
+TaskGroupCollector (group algorithms on agent-loop tasks) all have this shape.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from horizonrl.records import Episode
+
+
+@runtime_checkable
+class Collector(Protocol):
+    errors: list[str]
+    """The env errors recovered from during the last `collect` (each closed an episode)."""
+
+    def collect(self) -> list[Episode]:
+        """One training batch of episodes (or episode fragments)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """Between `collect` calls: what decides the next batch (JSON-able)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
