@@ -1,15 +1,22 @@
 """Typed run configuration: YAML recipe + dotted `key=value` overrides, validated by pydantic.
 
+Sections say which algorithm reads them. Every algorithm: model, env (or task), agent, rollout,
+optim (the optimiser steps), actor (its learning rate and policy loss), samples/merge, checkpointing
+(save_every) and report_to. PPO only: ppo (fixed-turn batches, GAE, KL in the reward) and critic.
+Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp: `algos.group.ESTIMATORS`): group. Settings
+an algorithm does not read are no error, and a cross-field check runs only for the algorithm it is
+about. `actor.kl_loss_coef` (KL in the actor loss) works with every algorithm, ppo included.
+
 A wrong key, type or value is one `ConfigError` whose message names the key, e.g.
-    ppo.clip_low: Input should be a valid number (got 'abc')
-    ppo.mini_batch_size: 100 does not divide the rollout.n_env * rollout.e_len = 256 turns of a batch
+    actor.clip_low: Input should be a valid number (got 'abc')
+    optim.mini_batch_size: 100 does not divide the rollout.n_env * ppo.e_len = 256 turns of a PPO batch
+    env.ids: unknown key; did you mean env.id?
+    ppo.mini_batch_size moved to optim.mini_batch_size         (a key of the earlier layout: MOVED)
 Validated: every count and size (each has a lower bound); options that contradict each other or would
 do nothing (samples=merged with a window history merges nothing: an error, not a warning); and what
 the config names: the env id and its kwargs (one env is built to check their values), the
 "module:attribute" references of `task` and `group.reward_fn` (imported). `model.path` is checked
-where it is loaded (learner/models.load_policy). Settings that an algorithm does not read are no
-error: `group.*` under ppo; the critic's settings and `kl_coef` (KL in the reward) under the group
-algorithms. `kl_loss_coef` (KL in the actor loss) works with every algorithm, ppo included.
+where it is loaded (learner/models.load_policy).
 """
 
 from __future__ import annotations

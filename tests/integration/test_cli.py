@@ -13,6 +13,7 @@ from horizonrl.cli import main
 from horizonrl.config import ALGORITHMS, SOURCE_CONFIGS
 from horizonrl.learner.models import is_local_path
 from horizonrl.report.metrics import read_metrics
+from tensorboard_events import numbers, tensorboard_scalars
 
 TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 
@@ -142,3 +143,31 @@ def test_continuation_feedback_trains_on_merged_rows(tmp_path):
     record = read_metrics(run_dir / "metrics.jsonl")[-1]
     assert record["data/merge/split_template"] == record["data/merge/split_other"] == 0
     assert record["data/merge/merged"] > 0
+
+
+def test_tensorboard_holds_the_jsonl_numbers_of_a_run(tmp_path):
+    pytest.importorskip("tensorboard")
+    assert main(["train", TOY, *SMALL, "report_to=[jsonl,tensorboard]", f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    expected = numbers(read_metrics(run_dir / "metrics.jsonl"))
+    scalars = tensorboard_scalars(run_dir)
+    assert set(scalars) == set(expected) and [step for step, _ in scalars["train/actor/pg_loss"]] == [1, 2]
+    for key, by_iteration in expected.items():
+        assert [step for step, _ in scalars[key]] == sorted(by_iteration)
+        assert [value for _, value in scalars[key]] == [pytest.approx(by_iteration[i], rel=1e-6, abs=1e-30)
+                                                        for i in sorted(by_iteration)]
+
+
+def test_wandb_offline_run_writes_its_run_folder(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    try:
+        assert main(["train", TOY, *SMALL, "iterations=1", "report_to=[wandb]", f"output_dir={tmp_path}",
+                     "--quiet"]) == 0
+    finally:
+        wandb.teardown()                     # stops wandb's service process
+    (run_dir,) = tmp_path.iterdir()
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    assert offline.name.endswith((run_dir / "wandb_id").read_text().strip())
+    assert list(offline.glob("run-*.wandb")) and (run_dir / "metrics.jsonl").exists()
