@@ -3,6 +3,7 @@
 import random
 
 import pytest
+from optional_packages import skip_unless_installed  # tests/integration is on sys.path under pytest
 
 from horizonrl import envs
 from horizonrl.envs.base import TextEnv
@@ -12,10 +13,8 @@ BUILT_IN = sorted(i for i, spec in envs.REGISTRY.items() if str(spec.factory).st
 
 @pytest.mark.parametrize("env_id", BUILT_IN)
 def test_contract(env_id):
-    try:
-        env = envs.make(env_id)
-    except ValueError as error:           # an optional extra that is not installed
-        pytest.skip(str(error))
+    skip_unless_installed(env_id)
+    env = envs.make(env_id)
     assert isinstance(env, TextEnv)
     first, _ = env.reset(11)
     assert isinstance(first, str) and first

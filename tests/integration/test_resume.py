@@ -56,12 +56,16 @@ def straight(tmp_path_factory):
     return run
 
 
-def assert_same_run(run: Path, straight: Path) -> None:
-    for name in ("model.safetensors", "critic.safetensors"):
-        if (straight / "checkpoint" / name).exists():
-            ours, theirs = load_file(run / "checkpoint" / name), load_file(straight / "checkpoint" / name)
-            assert ours.keys() == theirs.keys()
-            assert all(torch.equal(ours[k], theirs[k]) for k in ours), name
+WEIGHTS = {"ppo": ("model.safetensors", "critic.safetensors"), "grpo": ("model.safetensors",)}  # no critic in grpo
+
+
+def assert_same_run(run: Path, straight: Path, algorithm: str = "ppo") -> None:
+    for name in WEIGHTS[algorithm]:
+        for folder in (run, straight):
+            assert (folder / "checkpoint" / name).is_file(), f"{folder / 'checkpoint'} has no {name}"
+        ours, theirs = load_file(run / "checkpoint" / name), load_file(straight / "checkpoint" / name)
+        assert ours.keys() == theirs.keys()
+        assert all(torch.equal(ours[k], theirs[k]) for k in ours), name
     ours, theirs = read_metrics(run / "metrics.jsonl"), read_metrics(straight / "metrics.jsonl")
     assert [r["iteration"] for r in ours] == [r["iteration"] for r in theirs]
     for mine, other in zip(ours, theirs):
@@ -107,7 +111,7 @@ def test_resume_after_the_last_iteration_continues_exactly(tmp_path, straight, a
     assert main(["train", "--resume", str(run), f"iterations={ITERATIONS}", "--quiet"]) == 0
     assert f"iterations: {ITERATIONS}" in (run / "config.yaml").read_text()
     assert checkpoints(run) == [f"iter_{ITERATIONS:06d}"]
-    assert_same_run(run, straight(algorithm))
+    assert_same_run(run, straight(algorithm), algorithm)
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, straight):

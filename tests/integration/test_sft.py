@@ -1,5 +1,6 @@
 """Expert demonstrations (BabyAI's bot) and `horizonrl sft` on them."""
 
+import copy
 import json
 
 import pytest
@@ -7,13 +8,29 @@ import torch
 
 from horizonrl.agents.agent import Agent
 from horizonrl.cli import main
+from horizonrl.config import TinyModel
 from horizonrl.envs.babyai import BabyAIEnv
+from horizonrl.learner.models import pad_token_id
+from horizonrl.learner.sft import supervised_finetune
+from horizonrl.records import Episode, SampleBatch
+from horizonrl.samples.per_turn import per_turn
+from horizonrl.samples.tensors import row_tensors
 from horizonrl.train.demonstrations import expert_episodes
 from horizonrl.train.warm_start import build_tiny_for_envs
-from horizonrl.config import TinyModel
-from horizonrl.records import Episode
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def goto_tiny():
+    """A BPE tokenizer trained on BabyAI goto's text and a random tiny Llama model for it."""
+    tokenizer, model = build_tiny_for_envs([BabyAIEnv("goto")], TinyModel(), seed=0, device=torch.device("cpu"))
+    return tokenizer, model.eval()
+
+
+@pytest.fixture(scope="module")
+def demos(goto_tiny):
+    return expert_episodes(Agent(goto_tiny[0], memory=1), "babyai/goto", {}, episodes=2, max_turns=64, seed=0)
 
 
 @pytest.mark.parametrize("task", ["goto", "pickup", "open", "pick_up_seq_go_to"])
@@ -30,9 +47,9 @@ def test_following_the_bot_solves_babyai_tasks(task):
         assert terminated and info["success"] and reward == 1.0
 
 
-def test_expert_episodes_are_rendered_through_the_agents_own_prompts():
+def test_expert_episodes_are_rendered_through_the_agents_own_prompts(goto_tiny):
     env = BabyAIEnv("goto")
-    tokenizer, _ = build_tiny_for_envs([env], TinyModel(), seed=0, device=torch.device("cpu"))
+    tokenizer, _ = goto_tiny
     agent = Agent(tokenizer, memory=1)
     demos: list[Episode] = expert_episodes(agent, "babyai/goto", {}, episodes=4, max_turns=64, seed=0)
     assert len(demos) == 4 and all(e.metrics["success"] for e in demos)
@@ -46,11 +63,66 @@ def test_expert_episodes_are_rendered_through_the_agents_own_prompts():
             assert turn.response_logprobs is None   # no model sampled them
 
 
-def test_an_env_without_an_expert_is_refused_with_one_message():
-    env = BabyAIEnv("goto")
-    tokenizer, _ = build_tiny_for_envs([env], TinyModel(), seed=0, device=torch.device("cpu"))
+def test_an_env_without_an_expert_is_refused_with_one_message(goto_tiny):
+    tokenizer, _ = goto_tiny
     with pytest.raises(ValueError, match="river has no expert"):
         expert_episodes(Agent(tokenizer), "river", {}, episodes=1, max_turns=8, seed=0)
+
+
+def test_sft_rows_of_demonstrations_carry_loss_on_the_response_ids_only(goto_tiny, demos):
+    tokenizer, _ = goto_tiny
+    turns = [turn for episode in demos for turn in episode.turns]
+    data = row_tensors(per_turn(demos), pad_token_id(tokenizer), torch.device("cpu"))
+    assert len(turns) == len(data["input_ids"]) > 2
+    width = data["input_ids"].shape[1]
+    for row, turn in enumerate(turns):
+        p, n = len(turn.prompt_ids), len(turn.response_ids)
+        assert p > 0 and n > 0
+        # 0 on the prompt, 1 on the response, 0 on the padding after it
+        assert data["loss_mask"][row].tolist() == [0.0] * p + [1.0] * n + [0.0] * (width - p - n)
+        assert data["input_ids"][row, p:p + n].tolist() == turn.response_ids
+        assert data["attention_mask"][row].tolist() == [1] * (p + n) + [0] * (width - p - n)
+
+
+def first_step(model, input_ids: list[int], loss_mask: list[int], pad_id: int):
+    """supervised_finetune's loss before its one step on the one row, and the model after that step."""
+    model = copy.deepcopy(model)
+    (loss,) = supervised_finetune(model, SampleBatch([input_ids], [loss_mask], [], []), pad_id, steps=1,
+                                  batch_size=1, lr=1e-3)
+    return loss, model
+
+
+def test_sft_loss_is_the_mean_negative_log_prob_of_the_masked_tokens_and_ignores_the_rest(goto_tiny, demos):
+    """A row  prompt | response | tail  with mask 0 | 1 | 0 (a tail as in merged rows: ids after the
+    response). The loss is -(1/n) sum over response tokens of log softmax(logits[t-1])[id_t], computed
+    here from the model's full logits; the tail ids are targets of mask-0 positions and come after
+    every response token, so changing them changes neither the loss nor the step; changing a response
+    id changes the loss."""
+    tokenizer, model = goto_tiny
+    pad_id = pad_token_id(tokenizer)
+    first, second = demos[0].turns[0], demos[0].turns[1]
+    tail = second.prompt_ids[-5:]
+    ids = first.prompt_ids + first.response_ids + tail
+    mask = [0] * len(first.prompt_ids) + [1] * len(first.response_ids) + [0] * len(tail)
+    loss, stepped = first_step(model, ids, mask, pad_id)
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    logp = torch.log_softmax(logits[:-1], dim=-1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    start, n = len(first.prompt_ids), len(first.response_ids)
+    by_hand = -float(logp[start - 1:start - 1 + n].sum()) / n     # logits[t-1] predicts id t
+    assert loss == pytest.approx(by_hand, abs=1e-5)
+
+    other_tail = [(i + 7) % len(tokenizer) for i in tail]
+    assert other_tail != tail
+    other_loss, other_stepped = first_step(model, ids[:-len(tail)] + other_tail, mask, pad_id)
+    assert other_loss == pytest.approx(loss, abs=1e-6)
+    for (name, p), q in zip(stepped.named_parameters(), other_stepped.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7, msg=name)
+
+    other_response = list(ids)
+    other_response[start + n - 1] = (other_response[start + n - 1] + 7) % len(tokenizer)
+    assert abs(first_step(model, other_response, mask, pad_id)[0] - loss) > 1e-4
 
 
 def test_sft_command_fits_the_demonstrations_and_saves_a_checkpoint(tmp_path):

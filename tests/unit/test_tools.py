@@ -4,8 +4,7 @@ import textwrap
 import pytest
 
 from horizonrl.tools.calculator import calculator
-from horizonrl.tools.calls import (ToolCall, ToolResult, format_tool_response, parse_tool_calls, run_tool_calls,
-                                   truncate_to_tokens)
+from horizonrl.tools.calls import ToolCall, ToolResult, format_tool_response, parse_tool_calls, run_tool_calls
 from horizonrl.tools.registry import Tool, load_tools, tool, tool_table
 
 
@@ -224,12 +223,6 @@ def test_run_tool_calls_reports_every_failure_in_place():
 
 def test_format_tool_response():
     assert format_tool_response(ToolResult("calculator", "14")) == "<tool_response>\n14\n</tool_response>"
-
-
-def test_truncate_to_tokens(qwen_tokenizer):
-    text = "one two three four five six"
-    assert truncate_to_tokens(text, qwen_tokenizer, 6) == text
-    assert truncate_to_tokens(text, qwen_tokenizer, 3) == "one two three\n...[truncated 3 tokens]"
 
 
 @pytest.mark.parametrize("expression,value", [

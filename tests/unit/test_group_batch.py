@@ -1,0 +1,119 @@
+"""group_advantages_to_tokens (train/batch.py): each episode's group advantage on exactly the sampled
+tokens of that episode's rows, its outcome reward as the return there, and 0 everywhere else.
+
+The batch is built as `train.batch.prepare` builds it, without networks. Expected tensors are written
+out by hand: the loss-mask pattern of every row as a literal, the advantages worked out in comments.
+"""
+
+import math
+
+import pytest
+import torch
+
+from horizonrl.records import Episode, Turn
+from horizonrl.samples.merge import merge_turns
+from horizonrl.samples.per_turn import per_turn
+from horizonrl.samples.tensors import TurnIndex, row_tensors
+from horizonrl.train.batch import PPOBatch, group_advantages_to_tokens
+
+torch.set_num_threads(1)
+
+PAD = 0
+EPS = 1e-6
+
+
+def turn(prompt, response, terminated=False, truncated=False):
+    return Turn(prompt, response, None, 0.0, terminated, truncated)
+
+
+def episodes() -> list[Episode]:
+    """Five episodes of two interleaved groups, of 2, 1, 3, 1 and 2 turns (rows do not line up with
+    episodes), outcome rewards A: 6, 2, 1 and B: 1.0, 0.5."""
+    return [
+        Episode("e0", "t", 0, "A", [turn([1, 2], [3, 4]), turn([1, 2, 3, 4, 5], [6], terminated=True)],
+                outcome_reward=6.0),
+        Episode("e1", "t", 1, "B", [turn([7], [8, 9, 10], terminated=True)], outcome_reward=1.0),
+        Episode("e2", "t", 0, "A", [turn([11, 12, 13], [14]), turn([15], [16, 17]),
+                                    turn([15, 16, 17, 18], [19, 20, 21], terminated=True)], outcome_reward=2.0),
+        Episode("e3", "t", 1, "B", [turn([22, 23], [24, 25], terminated=True)], outcome_reward=0.5),
+        Episode("e4", "t", 0, "A", [turn([26], [27]), turn([26, 27, 28], [29, 30], truncated=True)],
+                bootstrap_prompt_ids=[26, 27, 28, 29, 30, 31], outcome_reward=1.0),
+    ]
+
+
+def as_batch(eps: list[Episode], samples) -> PPOBatch:
+    """What `prepare` builds, scores left out."""
+    data = row_tensors(samples, PAD, torch.device("cpu"))
+    return PPOBatch(eps, samples, TurnIndex.of(samples, torch.device("cpu")), data, torch.zeros(0))
+
+
+def per_turn_rows(a0, a1, a2, a3, a4) -> torch.Tensor:
+    """[9, 7]: one row per turn (per_turn), episode k's value on its response positions."""
+    return torch.tensor([
+        [0, 0, a0, a0, 0, 0, 0],          # e0 turn 0: prompt 2, response 2
+        [0, 0, 0, 0, 0, a0, 0],           # e0 turn 1: prompt 5, response 1
+        [0, a1, a1, a1, 0, 0, 0],         # e1:        prompt 1, response 3
+        [0, 0, 0, a2, 0, 0, 0],           # e2 turn 0: prompt 3, response 1
+        [0, a2, a2, 0, 0, 0, 0],          # e2 turn 1: prompt 1, response 2
+        [0, 0, 0, 0, a2, a2, a2],         # e2 turn 2: prompt 4, response 3
+        [0, 0, a3, a3, 0, 0, 0],          # e3:        prompt 2, response 2
+        [0, a4, 0, 0, 0, 0, 0],           # e4 turn 0: prompt 1, response 1
+        [0, 0, 0, a4, a4, 0, 0],          # e4 turn 1: prompt 3, response 2
+    ], dtype=torch.float32)
+
+
+def merged_rows(a0, a1, a2, a3, a4) -> torch.Tensor:
+    """[6, 7]: prefix-merged rows; e0 and e4 are one row each, e2 breaks after its first turn."""
+    return torch.tensor([
+        [0, 0, a0, a0, 0, a0, 0],         # e0: [1 2] 3 4 [5] 6
+        [0, a1, a1, a1, 0, 0, 0],         # e1: [7] 8 9 10
+        [0, 0, 0, a2, 0, 0, 0],           # e2 turn 0: [11 12 13] 14
+        [0, a2, a2, 0, a2, a2, a2],       # e2 turns 1-2: [15] 16 17 [18] 19 20 21
+        [0, 0, a3, a3, 0, 0, 0],          # e3: [22 23] 24 25
+        [0, a4, 0, a4, a4, 0, 0],         # e4: [26] 27 [28] 29 30
+    ], dtype=torch.float32)
+
+
+# Group A = e0, e2, e4 with rewards 6, 2, 1: mean 3, centred +3, -1, -2,
+#   unbiased variance (9 + 1 + 4) / (3 - 1) = 7, std sqrt(7) = 2.6457513.
+# Group B = e1, e3 with rewards 1.0, 0.5: mean 0.75, centred +0.25, -0.25,
+#   unbiased variance (0.0625 + 0.0625) / 1 = 0.125, std sqrt(0.125) = 0.3535534.
+SQRT7, SQRT_EIGHTH = math.sqrt(7), math.sqrt(0.125)
+HAND = {
+    # (r - mean) / (std + eps): e0 3 / 2.6457513 = 1.1338930, e2 -0.3779643, e4 -0.7559287;
+    #                           e1 0.25 / 0.3535534 = 0.7071048 (eps shaves 2e-6), e3 -0.7071048
+    "grpo": (3 / (SQRT7 + EPS), 0.25 / (SQRT_EIGHTH + EPS), -1 / (SQRT7 + EPS), -0.25 / (SQRT_EIGHTH + EPS),
+             -2 / (SQRT7 + EPS)),
+    # r - mean
+    "dr_grpo": (3.0, 0.25, -1.0, -0.25, -2.0),
+    # r - mean of the others: e0 6 - (2+1)/2 = 4.5, e2 2 - (6+1)/2 = -1.5, e4 1 - (6+2)/2 = -3;
+    #                         e1 1 - 0.5 = 0.5, e3 0.5 - 1 = -0.5
+    "rloo": (4.5, 0.5, -1.5, -0.5, -3.0),
+}
+REWARDS = (6.0, 1.0, 2.0, 0.5, 1.0)
+
+
+def test_the_hand_built_rows_have_the_mask_pattern_written_out_here():
+    batch = as_batch(episodes(), per_turn(episodes()))
+    assert torch.equal(batch.data["loss_mask"], per_turn_rows(1, 1, 1, 1, 1))
+    merged = as_batch(episodes(), merge_turns(episodes(), None, None, None)[0])
+    assert torch.equal(merged.data["loss_mask"], merged_rows(1, 1, 1, 1, 1))
+    assert len(merged.samples.segments) == 9      # nine turns in six rows
+
+
+@pytest.mark.parametrize("estimator", sorted(HAND))
+def test_each_rows_sampled_tokens_carry_their_episodes_group_advantage_and_nothing_else(estimator):
+    batch = as_batch(episodes(), per_turn(episodes()))
+    group_advantages_to_tokens(batch, estimator)
+    torch.testing.assert_close(batch.data["advantages"], per_turn_rows(*HAND[estimator]), rtol=1e-6, atol=1e-6)
+    assert torch.equal(batch.data["returns"], per_turn_rows(*REWARDS))
+
+
+@pytest.mark.parametrize("estimator", sorted(HAND))
+def test_merged_rows_holding_several_turns_get_their_episodes_advantage(estimator):
+    """Six rows for nine turns: a mapping by turn (segment) index instead of row would misplace them."""
+    batch = as_batch(episodes(), merge_turns(episodes(), None, None, None)[0])
+    group_advantages_to_tokens(batch, estimator)
+    torch.testing.assert_close(batch.data["advantages"], merged_rows(*HAND[estimator]), rtol=1e-6, atol=1e-6)
+    assert torch.equal(batch.data["returns"], merged_rows(*REWARDS))
+
