@@ -370,8 +370,11 @@ def default_recipe() -> Path:
     raise ConfigError(f"default recipe {DEFAULT_RECIPE} not found in {SOURCE_CONFIGS} or {PACKAGE_CONFIGS}")
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> TrainConfig:
-    """Recipe YAML (default: configs/babyai_tiny.yaml) with `a.b.c=value` overrides (values parsed as YAML)."""
+def load_config(path: str | Path | None = None, overrides: list[str] = (), run_folder: bool = False) -> TrainConfig:
+    """Recipe YAML (default: configs/babyai_tiny.yaml) with `a.b.c=value` overrides (values parsed as YAML).
+
+    `run_folder`: `path` is a run's own config.yaml, which a run written before the layout changed
+    holds in the earlier layout: its MOVED keys are read at their place now (a recipe gets an error)."""
     path = Path(path) if path is not None else default_recipe()
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
@@ -381,6 +384,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Tr
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+    if run_folder:
+        for old, new in MOVED.items():
+            if _has_dotted(raw, old):
+                section, _, key = old.partition(".")
+                _set_dotted(raw, new, raw[section].pop(key))
     for override in overrides:
         key, sep, value = override.partition("=")
         if not sep or not key:

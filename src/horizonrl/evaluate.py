@@ -65,7 +65,7 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
     """Play `episodes` held-out episodes per env and mode; returns the results and the JSON file
     they were written to."""
     checkpoint, run_config = resolve_target(target)
-    cfg = load_config(run_config) if run_config is not None else TrainConfig()
+    cfg = load_config(run_config, run_folder=True) if run_config is not None else TrainConfig()
     model_path = model_to_load(checkpoint, cfg, run_config)
     env_ids = check_evaluable(cfg, run_config, env_ids, max_steps)
     seeds = held_out_seeds(episodes)

@@ -159,3 +159,12 @@ def test_a_recipe_in_an_earlier_layout_names_every_moved_key(tmp_path):
         load_config(old)
     assert str(error.value).splitlines() == ["ppo.epochs moved to optim.epochs", "ppo.actor_lr moved to actor.lr",
                                              "rollout.e_len moved to ppo.e_len"]
+
+
+def test_a_run_folder_of_the_earlier_layout_loads_with_its_keys_moved(tmp_path):
+    run_config = tmp_path / "config.yaml"
+    run_config.write_text("ppo:\n  actor_lr: 1.0e-4\n  gamma_step: 0.9\n  epochs: 2\n  mini_batch_size: 8\n"
+                          "rollout:\n  n_env: 4\n  e_len: 4\n")
+    cfg = load_config(run_config, ["iterations=3"], run_folder=True)
+    assert (cfg.actor.lr, cfg.ppo.gamma_step, cfg.optim.epochs, cfg.rollout.n_env, cfg.ppo.e_len, cfg.iterations) == \
+        (1e-4, 0.9, 2, 4, 4, 3)

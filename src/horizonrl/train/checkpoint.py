@@ -283,7 +283,7 @@ def resume_config(run_dir: Path, overrides: list[str] = ()) -> TrainConfig:
     if refused:
         raise ConfigError(f"--resume continues a run with its own config.yaml; only {', '.join(RESUMABLE_KEYS)} "
                           f"can be changed (got {', '.join(refused)})")
-    cfg = load_config(path, overrides)
+    cfg = load_config(path, overrides, run_folder=True)
     if overrides:
         write_text_atomic(path, dump(cfg))
     return cfg
