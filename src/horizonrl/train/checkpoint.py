@@ -43,8 +43,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from horizonrl.config import ConfigError, TrainConfig, dump, load_config
 from horizonrl.engines.base import TrainingEngine
 from horizonrl.learner.models import load_policy
-from horizonrl.rollout.collector import Collector
 from horizonrl.report.trajectories import TRAJECTORIES
+from horizonrl.rollout.collector import Collector
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"

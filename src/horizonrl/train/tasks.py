@@ -17,7 +17,6 @@ from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.learner.tokenizer import train_bpe_tokenizer
-from horizonrl.train.warm_start import build_tiny
 from horizonrl.records import Episode, Task
 from horizonrl.rollout.agent_loop import AgentLoop
 from horizonrl.rollout.episode_groups import load_reward_fn
@@ -25,6 +24,7 @@ from horizonrl.rollout.interaction import as_interaction
 from horizonrl.rollout.task_groups import TaskGroupCollector
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.tools.registry import import_target, tools_from_references
+from horizonrl.train.warm_start import build_tiny
 
 log = logging.getLogger(__name__)
 CORPUS_TASKS = 256        # tasks whose teacher conversations train the tiny tokenizer
