@@ -7,7 +7,7 @@
     horizonrl envs                              list every env id
     horizonrl play ENV [--seed N] [key=value]   play an env in the terminal, seeing the agent's prompt
     horizonrl view RUN                          (re)write RUN/report.html (curves, sample trajectories)
-    horizonrl eval RUN_OR_CHECKPOINT [--episodes N] [--env ID ...] [--max-steps K] [--seed S] [--mode M]
+    horizonrl eval RUN_OR_CHECKPOINT [key=value ...] [--episodes N] [--env ID ...] [--max-steps K] [--seed S] [--mode M]
                                                 whole episodes on held-out seeds, greedy and sampled
 """
 
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     eval_cmd.add_argument("--max-steps", type=int, help="turns after which an episode is cut (default: the env's)")
     eval_cmd.add_argument("--seed", type=int, default=0, help="seeds the sampler of the sampled mode")
     eval_cmd.add_argument("--mode", choices=["greedy", "sampled", "both"], default="both")
+    eval_cmd.add_argument("engine_settings", nargs="*", metavar="key=value",
+                          help="the engine that samples (right after the target): rollout.engine=hf|vllm|openai, "
+                               "rollout.vllm.*, rollout.openai.*")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train" and args.quiet:
@@ -118,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             results, path = evaluate(args.target, args.episodes, args.env_ids, args.max_steps, args.seed,
-                                     MODES if args.mode == "both" else (args.mode,))
+                                     MODES if args.mode == "both" else (args.mode,), args.engine_settings)
         except ValueError as error:   # not a run or checkpoint, bad env or config, seeds used in training
             print(f"horizonrl: {error}", file=sys.stderr)
             return 2
+        except EngineError as error:  # the engine's server is down or cannot do what eval needs
+            print(f"horizonrl: {error}", file=sys.stderr)
+            return 1
         print(format_table(results))
         print(f"results: {path}")
     return 0

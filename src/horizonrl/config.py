@@ -178,13 +178,45 @@ class AgentConfig(Section):
         return self
 
 
+class VLLMOptions(Section):
+    """rollout.engine = vllm: an in-process `vllm.LLM` over a copy of the actor's weights, synced in place."""
+
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: what the hf engine samples in (bfloat16 on a GPU, float32 on the CPU)")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="share of GPU memory (on the CPU: of the NUMA node's memory) for vLLM; "
+                                      "None: 0.5 on a GPU (the learner shares it), 0.2 on the CPU")
+    tensor_parallel_size: int = Field(1, gt=0)
+    enable_prefix_caching: bool = True
+    max_num_seqs: int | None = Field(None, gt=0, description="None: rollout.max_batch_size")
+    max_model_len: int | None = Field(None, gt=0, description="None: the model's max_position_embeddings")
+    enable_sleep_mode: bool = Field(False, description="GPU: free vLLM's memory during the update (a no-op on CPU)")
+
+
+class OpenAIOptions(Section):
+    """rollout.engine = openai: a running OpenAI-compatible server that returns token ids (vLLM, SGLang)."""
+
+    base_url: str = Field("http://127.0.0.1:8000/v1", description="the server's /v1 URL")
+    api_key: str | None = Field(None, description="None: $OPENAI_API_KEY, if set")
+    model: str | None = Field(None, description="the served model's name; None: the first of /v1/models")
+    timeout_s: float = Field(300.0, gt=0, description="one request's time limit")
+    weights_dir: str | None = Field(
+        None, description="train: where the learner writes the weights for the server to reload (a folder "
+                          "the server can read); None: the run folder's engine_weights/")
+
+
 class RolloutConfig(Section):
     n_env: int = Field(16, gt=0, description="env streams (ppo) or env handles shared by the group rollouts")
     max_tokens: int = Field(32, gt=0)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
+    engine: Literal["hf", "vllm", "openai"] = Field(
+        "hf", description="hf: transformers in this process; vllm: vllm.LLM in this process; openai: a server")
     max_batch_size: int = Field(256, gt=0)
-    prefix_cache_tokens: int = Field(65536, ge=0, description="KV of ended sequences kept for prompts that extend them")
+    prefix_cache_tokens: int = Field(65536, ge=0, description="hf: KV of ended sequences kept for prompts that "
+                                                              "extend them")
+    vllm: VLLMOptions = VLLMOptions()
+    openai: OpenAIOptions = OpenAIOptions()
 
 
 @dataclass(frozen=True)
@@ -389,6 +421,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), run_f
             if _has_dotted(raw, old):
                 section, _, key = old.partition(".")
                 _set_dotted(raw, new, raw[section].pop(key))
+    return validate(apply_overrides(raw, overrides))
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """`raw` (changed in place and returned) with each `a.b.c=value` override set (values parsed as YAML)."""
     for override in overrides:
         key, sep, value = override.partition("=")
         if not sep or not key:
@@ -399,7 +436,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), run_f
             reason = getattr(error, "problem", None) or error
             raise ConfigError(f"override {key.strip()}: {value!r} is not valid YAML ({reason})") from None
         _set_dotted(raw, key.strip(), parsed)
-    return validate(raw)
+    return raw
 
 
 def validate(raw: dict) -> TrainConfig:

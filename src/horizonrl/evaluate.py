@@ -21,12 +21,13 @@ RUN/eval-init.json).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from pathlib import Path
 
-from horizonrl.config import TrainConfig, load_config
+from horizonrl.config import TrainConfig, apply_overrides, load_config, validate
 from horizonrl.envs import check_kwargs
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import resolve_device
@@ -38,6 +39,7 @@ from horizonrl.rollout.seeds import HELD_OUT_START, SEED_BLOCK, held_out_seeds, 
 
 log = logging.getLogger(__name__)
 MODES = ("greedy", "sampled")
+ENGINE_KEYS = ("rollout.engine=", "rollout.vllm.", "rollout.openai.")
 
 
 def resolve_target(target: str | Path) -> tuple[Path, Path | None]:
@@ -61,11 +63,15 @@ def model_to_load(checkpoint: Path, cfg: TrainConfig, run_config: Path | None) -
 
 
 def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None = None, max_steps: int | None = None,
-             seed: int = 0, modes: tuple[str, ...] = MODES) -> tuple[dict, Path]:
+             seed: int = 0, modes: tuple[str, ...] = MODES, engine_settings: list[str] = ()) -> tuple[dict, Path]:
     """Play `episodes` held-out episodes per env and mode; returns the results and the JSON file
-    they were written to."""
+    they were written to. `engine_settings`: key=value overrides of the engine that samples (ENGINE_KEYS)."""
     checkpoint, run_config = resolve_target(target)
-    cfg = load_config(run_config, run_folder=True) if run_config is not None else TrainConfig()
+    for setting in engine_settings:
+        if not setting.startswith(ENGINE_KEYS):
+            raise ValueError(f"eval takes engine settings only ({', '.join(ENGINE_KEYS)}...), got {setting!r}")
+    cfg = load_config(run_config, engine_settings, run_folder=True) if run_config is not None else \
+        validate(apply_overrides({}, engine_settings))
     model_path = model_to_load(checkpoint, cfg, run_config)
     env_ids = check_evaluable(cfg, run_config, env_ids, max_steps)
     seeds = held_out_seeds(episodes)
@@ -83,23 +89,24 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
         "modes": {mode: {"temperature": temperatures[mode], "top_p": cfg.rollout.top_p if mode == "sampled" else None,
                          "envs": {}} for mode in modes},
     }
-    for env_id in env_ids:
-        kwargs = cfg.env.kwargs if env_id in cfg.env.ids else {}
-        envs = open_envs(env_id, kwargs, min(episodes, cfg.rollout.n_env), cfg.env.workers, cfg.env.timeout_s)
-        try:
-            for mode in modes:
-                engine = make_engine(model, tokenizer, cfg.rollout, seed, device)
-                params = sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode])
-                collector = EpisodeGroupCollector(envs, env_id, agent, engine, params, n_tasks=len(seeds),
-                                                  group_size=1, max_turns=max_steps)
-                started = time.perf_counter()
-                summary = episode_summary(collector.collect_seeds(seeds))
-                summary["seconds"] = time.perf_counter() - started
-                results["modes"][mode]["envs"][env_id] = summary
-                log.info("%s %s: %d episodes in %.1f s", mode, env_id, summary["episodes"], summary["seconds"])
-        finally:
-            for env in envs:
-                env.close()
+    # one engine for every env and mode: each request is seeded, so none depends on what came before
+    with contextlib.closing(make_engine(model, tokenizer, cfg.rollout, seed, device)) as engine:
+        for env_id in env_ids:
+            kwargs = cfg.env.kwargs if env_id in cfg.env.ids else {}
+            envs = open_envs(env_id, kwargs, min(episodes, cfg.rollout.n_env), cfg.env.workers, cfg.env.timeout_s)
+            try:
+                for mode in modes:
+                    params = sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode])
+                    collector = EpisodeGroupCollector(envs, env_id, agent, engine, params, n_tasks=len(seeds),
+                                                      group_size=1, max_turns=max_steps)
+                    started = time.perf_counter()
+                    summary = episode_summary(collector.collect_seeds(seeds))
+                    summary["seconds"] = time.perf_counter() - started
+                    results["modes"][mode]["envs"][env_id] = summary
+                    log.info("%s %s: %d episodes in %.1f s", mode, env_id, summary["episodes"], summary["seconds"])
+            finally:
+                for env in envs:
+                    env.close()
     results_path = checkpoint.parent / f"eval-{checkpoint.name}.json"
     results_path.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
     return results, results_path

@@ -30,8 +30,8 @@ class DroppedReplies:
             raise ConnectionError(f"connection reset by peer (call {call})")
         return generation
 
-    def sync_weights(self, model):
-        self.engine.sync_weights(model)
+    def __getattr__(self, name):     # the rest of the engine: sync_weights, sleep, state_dict, close...
+        return getattr(self.engine, name)
 
 
 def prompt(tokenizer):

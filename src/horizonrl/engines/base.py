@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import collections
+import hashlib
+import re
+from array import array
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol, runtime_checkable
 
 
@@ -25,11 +30,13 @@ class SamplingParams:
 @dataclass(frozen=True)
 class Generation:
     """`token_ids` exactly as sampled; `logprobs[i]` = log-prob of token_ids[i] under the sampling
-    distribution (after temperature and top-p); None for engines that do not sample from a model."""
+    distribution (after temperature and top-p); None for engines that do not sample from a model.
+    `weights_version`: how many weight syncs the engine had taken when it sampled this (None: no weights)."""
 
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: Literal["stop", "length"]
+    weights_version: int | None = None
 
 
 @runtime_checkable
@@ -51,3 +58,67 @@ class TrainingEngine(Engine, Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def sleep(self) -> None:
+        """Free what sampling holds (a colocated engine's weights and KV cache) for the update; the
+        next `sync_weights` brings it back."""
+        ...
+
+    def close(self) -> None:
+        """Release what the engine started (processes, files); it is not used again."""
+        ...
+
+
+class RequestSeeds:
+    """The seed of each request's random stream, from the engine's `seed`, the weights version (how
+    many `new_version` calls came before) and the request's `params.seed`; without one, from its
+    prompt and how many requests with the same prompt came before it in this version. So what a
+    request samples depends on neither its batch mates nor the order of arrival. Seeds are 63-bit."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.version = 0
+        self._seen: collections.Counter[bytes] = collections.Counter()  # requests per prompt in this version
+
+    def next(self, prompt_ids: list[int], params_seed: int | None) -> int:
+        if params_seed is not None:
+            material = array("q", [self.seed, self.version, params_seed]).tobytes()
+        else:
+            prompt = hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
+            material = array("q", [self.seed, self.version, self._seen[prompt]]).tobytes() + prompt
+            self._seen[prompt] += 1
+        return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "little") >> 1
+
+    def new_version(self, version: int | None = None) -> None:
+        """The weights changed (to `version`; None: the next one): requests are counted afresh."""
+        self.version = self.version + 1 if version is None else version
+        self._seen.clear()
+
+
+def matches_stop_pattern(tokenizer, token_ids: list[int], patterns: tuple[str, ...]) -> bool:
+    """True when the decoded `token_ids` contain a match of one of the regular expressions `patterns`."""
+    if not patterns:
+        return False
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    return any(re.search(pattern, text) for pattern in patterns)
+
+
+def cut_at_stop_pattern(generation: Generation, tokenizer, patterns: tuple[str, ...]) -> Generation:
+    """`generation` ended at its first token after which the decoded text matches a stop pattern (as
+    HFEngine ends it while sampling), for engines that can only check after the response is complete.
+    The tokens kept are exactly the first ones sampled, with their log-probs."""
+    if not matches_stop_pattern(tokenizer, generation.token_ids, patterns):
+        return generation
+    end = next(k for k in range(1, len(generation.token_ids) + 1)
+               if matches_stop_pattern(tokenizer, generation.token_ids[:k], patterns))
+    logprobs = None if generation.logprobs is None else generation.logprobs[:end]
+    return replace(generation, token_ids=generation.token_ids[:end], logprobs=logprobs, finish_reason="stop")
+
+
+def settle(future: asyncio.Future, outcome: Generation | Exception) -> None:
+    """From an engine's worker thread: resolve `future` with `outcome` on its event loop, unless its
+    waiter has given up meanwhile."""
+    def resolve():
+        if not future.done():
+            (future.set_exception if isinstance(outcome, Exception) else future.set_result)(outcome)
+    future.get_loop().call_soon_threadsafe(resolve)

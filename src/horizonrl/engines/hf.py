@@ -22,18 +22,14 @@ decodes at 2.6k tokens/s where this loop reaches 4.8k.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import hashlib
-import re
 import threading
-from array import array
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
-from horizonrl.engines.base import Generation, SamplingParams
+from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, matches_stop_pattern, settle
 
 
 @dataclass(eq=False)
@@ -44,6 +40,7 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     generator: torch.Generator  # this request's own draws
+    weights_version: int
     future: asyncio.Future | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -81,11 +78,10 @@ class HFEngine:
     oldest go first; 0 turns this off). Newcomers' prompts run in the same forward pass as the running
     rows' next tokens unless that would pad the running rows with more than `max_padding_tokens`
     tokens in all; then they run in a pass of their own. Each request samples from its own generator,
-    seeded by `seed`, the weights version (how many `sync_weights` came before) and the request's
-    `params.seed`; without one, by its prompt and how many requests with the same prompt came before
-    it in this version. So what a request samples does not depend on which other requests share its
-    decode steps (up to float rounding of batched matmuls), and a run whose collectors set
-    `params.seed` is reproducible however the arrivals interleave.
+    seeded by `RequestSeeds` (the weights version is how many `sync_weights` came before). So what a
+    request samples does not depend on which other requests share its decode steps (up to float
+    rounding of batched matmuls), and a run whose collectors set `params.seed` is reproducible however
+    the arrivals interleave.
     """
 
     def __init__(self, model, pad_id: int, max_batch_size: int = 256, seed: int = 0,
@@ -97,9 +93,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.device = next(model.parameters()).device
         self.autocast_dtype = autocast_dtype
-        self.seed = seed
-        self._version = 0  # sync_weights calls so far
-        self._seen: collections.Counter[bytes] = collections.Counter()  # requests per prompt in this version
+        self.seeds = RequestSeeds(seed)
         self.prefix_cache_tokens = prefix_cache_tokens
         self.max_padding_tokens = max_padding_tokens
         self._prefixes: list[_Prefix] = []  # oldest first; used by whichever thread decodes
@@ -129,30 +123,28 @@ class HFEngine:
             self.model.load_state_dict(model.state_dict())
         self._prefixes = []
         with self._lock:
-            self._version += 1
-            self._seen.clear()
+            self.seeds.new_version()
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the weights version. Saved right after `sync_weights`, when no KV is
         kept and no request counted yet, this is all that decides what the engine samples next. (Saved
         before any sync, as after the critic warmup, the kept KV is dropped: prompts that would have
         extended it are prefilled whole, which moves float rounding only, as batching does.)"""
-        return {"weights_version": self._version}
+        return {"weights_version": self.seeds.version}
 
     def load_state_dict(self, state: dict) -> None:
-        self._version = state["weights_version"]
+        self.seeds.new_version(state["weights_version"])
+
+    def sleep(self) -> None:
+        """Nothing to free: the engine samples from the learner's own module (or a copy it keeps)."""
+
+    def close(self) -> None:
+        """Nothing to stop: the engine is this process's module and threads that end with their work."""
 
     def _request(self, prompt_ids: list[int], params: SamplingParams, future=None) -> _Request:
         """A request with its own generator (seeded as the class docstring says); call under the lock."""
-        if params.seed is not None:
-            material = array("q", [self.seed, self._version, params.seed]).tobytes()
-        else:
-            prompt = hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
-            material = array("q", [self.seed, self._version, self._seen[prompt]]).tobytes() + prompt
-            self._seen[prompt] += 1
-        key = hashlib.blake2b(material, digest_size=8)
-        generator = torch.Generator(self.device).manual_seed(int.from_bytes(key.digest(), "little") >> 1)
-        return _Request(list(prompt_ids), params, generator, future)
+        generator = torch.Generator(self.device).manual_seed(self.seeds.next(prompt_ids, params.seed))
+        return _Request(list(prompt_ids), params, generator, self.seeds.version, future)
 
     async def _serve(self) -> None:
         await asyncio.sleep(0)  # every stream that is ready submits before the first prefill
@@ -167,11 +159,11 @@ class HFEngine:
                 batch, finished = self._step(batch, newcomers)
             except Exception as error:  # every request the engine holds learns about it
                 for request in {*newcomers, *(batch.requests if batch else ())}:
-                    _settle(request.future, error)
+                    settle(request.future, error)
                 batch = None
                 continue
             for request, generation in finished:
-                _settle(request.future, generation)
+                settle(request.future, generation)
 
     def _admit(self, batch: _Batch | None) -> list[_Request] | None:
         """Take the pending requests that fit next to `batch`; None when there is nothing to run,
@@ -216,7 +208,8 @@ class HFEngine:
                     running.append(row)
                     tokens.append([t])
                     continue
-                finished.append((request, Generation(request.token_ids, request.logprobs, reason)))
+                finished.append((request, Generation(request.token_ids, request.logprobs, reason,
+                                                     request.weights_version)))
                 if self.prefix_cache_tokens:
                     self._keep_prefix(batch, row)
         if not running and not newcomers:
@@ -277,16 +270,10 @@ class HFEngine:
     def _finish_reason(self, request: _Request) -> str | None:
         """How the response ends after its last token: "stop" on a stop id or a completed stop-pattern
         match, else "length" at max_tokens; None while it goes on."""
-        if request.token_ids[-1] in request.params.stop_ids or self._matches_stop_pattern(request):
+        if (request.token_ids[-1] in request.params.stop_ids
+                or matches_stop_pattern(self.tokenizer, request.token_ids, request.params.stop_patterns)):
             return "stop"
         return "length" if len(request.token_ids) >= request.params.max_tokens else None
-
-    def _matches_stop_pattern(self, request: _Request) -> bool:
-        """True when the decoded response contains a match of one of the request's stop patterns."""
-        if not request.params.stop_patterns:
-            return False
-        text = self.tokenizer.decode(request.token_ids, skip_special_tokens=True)
-        return any(re.search(pattern, text) for pattern in request.params.stop_patterns)
 
 
 def _prefix_batch(requests: list[_Request], prefixes: list[_Prefix | None], device: torch.device) -> _Batch:
@@ -357,15 +344,6 @@ def _compact(batch: _Batch) -> _Batch:
         gather = index[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
         layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
     return _Batch(batch.requests, batch.cache, batch.attention.gather(1, index), batch.logits)
-
-
-def _settle(future: asyncio.Future, outcome: Generation | Exception) -> None:
-    """From the worker thread: resolve `future` with `outcome` on its event loop, unless its waiter
-    has given up meanwhile."""
-    def resolve():
-        if not future.done():
-            (future.set_exception if isinstance(outcome, Exception) else future.set_result)(outcome)
-    future.get_loop().call_soon_threadsafe(resolve)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,

@@ -114,7 +114,8 @@ async def generating(loop: AgentLoop, trajectory: Trajectory) -> State:
     started = time.perf_counter()
     generation, retries = await generate_with_retry(loop.engine, list(trajectory.ids), params)
     text = loop.tokenizer.decode(generation.token_ids, skip_special_tokens=True)
-    info = {"text": text, "finish_reason": generation.finish_reason, "generate_s": time.perf_counter() - started}
+    info = {"text": text, "finish_reason": generation.finish_reason, "generate_s": time.perf_counter() - started,
+            "weights_version": generation.weights_version}
     if retries:
         info["engine_retries"] = retries
     trajectory.turns.append(Turn(list(trajectory.ids), list(generation.token_ids), generation.logprobs, info=info))

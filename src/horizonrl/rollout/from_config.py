@@ -6,11 +6,13 @@ evaluated with exactly the prompts, parsing, stop conditions and sampler it was 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from horizonrl.agents.agent import Agent
 from horizonrl.config import AgentConfig, RolloutConfig
-from horizonrl.engines.base import SamplingParams
+from horizonrl.engines.base import SamplingParams, TrainingEngine
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.device import autocast_dtype
 from horizonrl.learner.models import pad_token_id, stop_ids
@@ -20,8 +22,29 @@ def make_agent(tokenizer, agent: AgentConfig) -> Agent:
     return Agent(tokenizer, agent.memory, agent.invalid_penalty, agent.translations, agent.history, agent.feedback)
 
 
-def make_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: torch.device) -> HFEngine:
-    """An in-process engine sampling from `model` itself (shared weights), seeded with `seed`."""
+def make_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: torch.device,
+                weights_dir: Path | None = None) -> TrainingEngine:
+    """The engine `rollout.engine` names, sampling from `model`'s weights, seeded with `seed`: hf shares
+    `model` itself; vllm loads a copy; openai talks to the server at rollout.openai.base_url, which is
+    sent new weights through `weights_dir` (rollout.openai.weights_dir, if set, replaces it; None and
+    unset: the engine serves eval only)."""
+    if rollout.engine == "vllm":
+        from horizonrl.engines.vllm_engine import VLLMEngine
+
+        options = rollout.vllm
+        dtype = (autocast_dtype(device) or torch.float32) if options.dtype == "auto" else getattr(torch, options.dtype)
+        memory = options.gpu_memory_utilization or (0.5 if device.type == "cuda" else 0.2)
+        return VLLMEngine(model, tokenizer, seed, dtype, memory, options.tensor_parallel_size,
+                          options.enable_prefix_caching, options.max_num_seqs or rollout.max_batch_size,
+                          options.max_model_len, options.enable_sleep_mode)
+    if rollout.engine == "openai":
+        from horizonrl.engines.openai_server import OpenAIServerEngine
+
+        options = rollout.openai
+        if weights_dir is not None and options.weights_dir is not None:
+            weights_dir = Path(options.weights_dir)
+        return OpenAIServerEngine(tokenizer, options.base_url, options.api_key, options.model, options.timeout_s, seed,
+                                  weights_dir)
     return HFEngine(model, pad_token_id(tokenizer), rollout.max_batch_size, seed, autocast_dtype(device), tokenizer,
                     rollout.prefix_cache_tokens)
 

