@@ -21,6 +21,7 @@ import torch
 
 pytest.importorskip("vllm")
 
+from learning.test_toy_learns import TOY
 from test_vllm_engine import generate_all, max_logprob_diff, prompts_of
 
 from horizonrl import envs
@@ -33,6 +34,7 @@ from horizonrl.engines.retry import EngineError
 from horizonrl.engines.weights import write_untied
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.models import stop_ids
+from horizonrl.report.metrics import read_metrics
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.train.warm_start import build_tiny_for_envs
 
@@ -63,7 +65,8 @@ def server(tiny, tmp_path_factory):
     process = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
          "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.2", "--seed", "0",
-         "--logprobs-mode", "processed_logprobs", "--served-model-name", "tiny"],
+         "--logprobs-mode", "processed_logprobs", "--served-model-name", "tiny",
+         "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"],   # see VLLMEngine: seeds on a CPU
         env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, stdout=log, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + STARTUP_S
@@ -126,6 +129,20 @@ def test_sync_sends_every_weight_to_the_server(server, tiny, tmp_path):
     print(f"openai engine vs updated learner after sync: max |logp diff| = {diff:.2e}")
     assert diff <= 1e-4
     engine.sync_weights(tiny[1])                            # the served weights back, for the tests after this one
+
+
+def test_toy_recipe_trains_through_the_server(server, tmp_path):
+    """The toy recipe's tiny model has the served model's shape: the run sends it its weights at the
+    start and after every update, and the server's log-probs stay the learner's."""
+    assert main(["train", TOY, "rollout.engine=openai", f"rollout.openai.base_url={server[0]}", "iterations=2",
+                 "model.warm_start.iterations=1", "model.warm_start.steps=1", "critic.warmup_batches=1",
+                 f"output_dir={tmp_path}", "--quiet"]) == 0
+    run_dir = next(tmp_path.iterdir())
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    for record in records[1:]:
+        assert record["rollout/logprob_abs_diff"] < 1e-5
+    assert (run_dir / "engine_weights" / "model.safetensors").is_file()
 
 
 def test_no_server_at_the_url_fails_at_start_naming_it(tiny):

@@ -128,6 +128,15 @@ def test_a_collection_twice_gives_the_same_episodes(engine, tiny):
     assert sum(len(turns) for _, turns in first) == 4 * 5
 
 
+def test_seeded_prompts_beyond_one_steps_token_budget(engine, tiny):
+    """40 seeded prompts of ~300 tokens (12k tokens, more than one scheduler step's 8192): with chunked
+    prefill vLLM 0.32 on a CPU dies on the first seeded request split across steps."""
+    tokenizer, _ = tiny
+    prompts = [p * (300 // len(p) + 1) for p in prompts_of(tokenizer, 40)]
+    generations = generate_all(engine, prompts, SamplingParams(max_tokens=4, seed=9))
+    assert sum(map(len, prompts)) > 8192 and all(len(g.token_ids) == 4 for g in generations)
+
+
 def test_stop_pattern_ends_the_response_at_the_first_matching_token(engine, tiny):
     tokenizer, _ = tiny
     prompt = prompts_of(tokenizer, 1)[0]

