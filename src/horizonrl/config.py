@@ -41,7 +41,7 @@ MOVED = {  # keys of earlier layouts -> their place now
                                                 "kl_loss_coef", "loss_agg")},
     **{f"ppo.{key}": f"critic.{key}" for key in ("value_clip", "first_token_weight", "warmup_batches",
                                                  "warmup_iters")},
-    "ppo.actor_lr": "actor.lr", "ppo.critic_lr": "critic.lr", "rollout.e_len": "ppo.e_len",
+    "ppo.actor_lr": "actor.lr", "ppo.tis_cap": "actor.tis_cap", "ppo.critic_lr": "critic.lr", "rollout.e_len": "ppo.e_len",
 }
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"        # recipes inside an installed wheel
 SOURCE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # recipes in a source checkout
@@ -261,6 +261,9 @@ class ActorConfig(Section):
     entropy_coef: float = 0.001
     kl_loss_coef: float = Field(0.0, ge=0, description="k3 KL to the reference in the actor loss (GRPO's beta)")
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    tis_cap: float | None = Field(
+        None, gt=0, description="truncated importance sampling: each token's policy-gradient term weighted by "
+                                "min(exp(logp_old - logp_engine), tis_cap); None: off")
 
 
 class PPOConfig(Section):

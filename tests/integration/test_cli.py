@@ -116,14 +116,18 @@ def test_console_script_reports_config_errors_without_traceback(args, message):
 def test_every_algorithm_trains_two_iterations_on_the_toy_recipe(tmp_path, algorithm):
     """On river episodes that can succeed (2 stones, 6 turns; the optimal episode takes 2): group rollouts of
     one seed differ in return, so their advantages are not all 0 and the update moves the weights. The group
-    algorithms take a mini-batch size that divides no PPO batch (6 rows, n_env * e_len = 16 turns)."""
+    algorithms take a mini-batch size that divides no PPO batch (6 rows, n_env * e_len = 16 turns). Truncated
+    importance sampling is on: the hf engine samples from the learner's own weights, so every weight is ~1."""
     group = ["group.n_tasks=2", "group.group_size=4", "group.max_turns=6", "optim.mini_batch_size=6"]
     assert main(["train", TOY, "iterations=2", f"algorithm={algorithm}", "env.kwargs={stones: 2, max_steps: 8}",
                  "model.warm_start.steps=20", "model.warm_start.iterations=1", "rollout.n_env=4", "ppo.e_len=4",
                  "optim.mini_batch_size=8", "optim.micro_batch_size=8", "critic.warmup_batches=1",
-                 *(group if algorithm != "ppo" else []), f"output_dir={tmp_path}", "--quiet"]) == 0
+                 "actor.tis_cap=2.0", *(group if algorithm != "ppo" else []), f"output_dir={tmp_path}", "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()
     records = read_metrics(run_dir / "metrics.jsonl")
+    for record in records[-2:]:
+        assert record["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert record["rollout/tis_clipped_frac"] == 0.0
     assert [r["phase"] for r in records] == (["critic_warmup", "ppo", "ppo"] if algorithm == "ppo" else [algorithm] * 2)
     if algorithm != "ppo":
         assert all(r["env/episodes"] == 8 for r in records)

@@ -32,6 +32,7 @@ BAD = [  # overrides of the toy recipe -> the line of the error that names the k
     (["ppo.actor_lr=1e-4"], "ppo.actor_lr moved to actor.lr"),
     (["ppo.warmup_batches=2"], "ppo.warmup_batches moved to critic.warmup_batches"),
     (["rollout.e_len=4"], "rollout.e_len moved to ppo.e_len"),
+    (["ppo.tis_cap=2.0"], "ppo.tis_cap moved to actor.tis_cap"),   # it weights every algorithm's policy loss
     (["algorithm=ppo2"], "algorithm: Input should be 'ppo', 'grpo', 'dr_grpo', 'rloo' or 'reinforce_pp'"),
     (["report_to=[jsonl,mlflow]"], "report_to.1: Input should be 'jsonl', 'tensorboard' or 'wandb'"),
     (["actor.lr=abc"], "actor.lr: Input should be a valid number"),

@@ -11,6 +11,7 @@ from horizonrl.algos.losses import (
     explained_variance,
     first_token_weights,
     ppo_policy_loss,
+    tis_weights,
     value_loss,
 )
 
@@ -224,3 +225,42 @@ def test_kl_loss_term_adds_beta_times_k3_to_the_reference(river_tiny):
     k3 = math.exp(-0.3) - 1 + 0.3
     assert (with_kl - plain).item() == pytest.approx(0.5 * k3, rel=1e-5)
     assert parts["kl_loss"][0] / parts["kl_loss"][1] == pytest.approx(k3, rel=1e-5)
+
+
+def test_tis_weights_truncate_the_engine_to_learner_ratio_at_the_cap():
+    # logp_old - logp_engine = ln 3, ln 0.5, 0  ->  ratios 3, 0.5, 1  ->  min(ratio, 2) = 2, 0.5, 1
+    logp_engine = torch.tensor([-1.0, -2.0, -0.7])
+    logp_old = logp_engine + torch.tensor([math.log(3.0), math.log(0.5), 0.0])
+    torch.testing.assert_close(tis_weights(logp_old, logp_engine, 2.0), torch.tensor([2.0, 0.5, 1.0]), **TOL)
+    torch.testing.assert_close(tis_weights(logp_old, logp_engine, 10.0), torch.tensor([3.0, 0.5, 1.0]), **TOL)
+
+
+def test_tis_cap_weights_each_tokens_policy_gradient_term(river_tiny):
+    """At rho = 1 (logp == logp_old) the clipped surrogate is -A per token; advantages 1, -2, 0.5 give
+    -1, 2, -0.5 (dual clip 3 does not bind: min(2, 6) = 2), token mean 0.5 / 3. Engine log-probs
+    ln 3, ln 0.5, 0 below the learner's give weights min(3, 2) = 2, 0.5, 1 (cap 2):
+    -2, 1, -0.5, token mean -1.5 / 3 = -0.5. tis_cap None is the plain loss, bit for bit."""
+    from horizonrl.learner.scoring import token_logprobs
+    from horizonrl.learner.update import actor_loss_fn
+
+    tokenizer, model = river_tiny
+    ids = torch.tensor([tokenizer.encode("You are on stone 2. THINK: go ACTION: jump right")])
+    mask = torch.zeros_like(ids)
+    mask[0, -3:] = 1
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, ids, torch.ones_like(ids), mask, 1.0)
+    advantages, gaps = torch.zeros_like(logp), torch.zeros_like(logp)
+    advantages[0, -3:] = torch.tensor([1.0, -2.0, 0.5])
+    gaps[0, -3:] = torch.tensor([math.log(3.0), math.log(0.5), 0.0])
+    mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask, "logp_old": logp,
+          "advantages": advantages, "logp_engine": logp - gaps}
+    args = (model, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0)
+    plain, _ = actor_loss_fn(*args)(mb, 3.0, 1.0)
+    off, _ = actor_loss_fn(*args, tis_cap=None)(mb, 3.0, 1.0)
+    weighted, _ = actor_loss_fn(*args, tis_cap=2.0)(mb, 3.0, 1.0)
+    assert torch.equal(plain, off)
+    assert plain.item() == pytest.approx(0.5 / 3, abs=1e-5)
+    assert weighted.item() == pytest.approx(-0.5, abs=1e-5)
+    without_engine = {k: v for k, v in mb.items() if k != "logp_engine"}
+    with pytest.raises(ValueError, match="tis_cap .* engine returns none"):
+        actor_loss_fn(*args, tis_cap=2.0)(without_engine, 3.0, 1.0)

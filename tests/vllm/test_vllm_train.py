@@ -22,12 +22,13 @@ from horizonrl.train.loop import train
 
 def test_toy_recipe_runs_two_iterations_with_vllm_rollouts(tmp_path, capsys):
     assert main(["train", TOY, "rollout.engine=vllm", "iterations=2", "model.warm_start.iterations=1",
-                 "model.warm_start.steps=1", "critic.warmup_batches=1", f"output_dir={tmp_path}", "--quiet"]) == 0
+                 "model.warm_start.steps=1", "critic.warmup_batches=1", "actor.tis_cap=2.0", f"output_dir={tmp_path}", "--quiet"]) == 0
     run_dir = next(tmp_path.iterdir())
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["iteration"] for r in records] == [0, 1, 2]
     for record in records[1:]:          # the engine's log-probs are the learner's (fp32 on both sides)
         assert record["rollout/logprob_abs_diff"] < 1e-5
+        assert record["rollout/tis_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     versions = {}
     for line in (run_dir / "trajectories.jsonl").read_text().splitlines():
         trajectory = json.loads(line)

@@ -58,6 +58,16 @@ def ppo_policy_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, clip_low: float
     return loss, (clipped > unclipped).to(loss.dtype)
 
 
+def tis_weights(logp_old: Tensor, logp_engine: Tensor, cap: float) -> Tensor:
+    """Truncated importance weights of tokens the engine sampled for the learner's policy:
+
+        w = min(exp(logp_old - logp_engine), cap)
+
+    logp_old: the learner's log-prob before the update; logp_engine: the engine's, as sampled. Data,
+    not a function of the parameters: no gradient flows through w."""
+    return torch.exp(logp_old - logp_engine).clamp(max=cap).detach()
+
+
 def approx_kl(logp: Tensor, logp_old: Tensor) -> Tensor:
     """Per-token k3 estimate of KL(pi_old || pi): (rho - 1) - log rho, rho = exp(logp - logp_old)."""
     log_ratio = logp - logp_old

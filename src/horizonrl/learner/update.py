@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from horizonrl.algos.kl import kl_estimate
-from horizonrl.algos.losses import (aggregate, approx_kl, first_token_weights, ppo_policy_loss,
+from horizonrl.algos.losses import (aggregate, approx_kl, first_token_weights, ppo_policy_loss, tis_weights,
                                     value_loss)
 from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.scoring import micro_batches, token_logprobs, token_values
@@ -129,13 +129,19 @@ def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) 
 
 
 def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | None, entropy_coef: float,
-                  loss_agg: str, temperature: float, kl_loss_coef: float = 0.0) -> LossFn:
-    """PPO clipped surrogate - entropy_coef * entropy + kl_loss_coef * k3 KL(pi || pi_ref) (GRPO's
-    beta term, differentiated through pi), each aggregated by `loss_agg`."""
+                  loss_agg: str, temperature: float, kl_loss_coef: float = 0.0, tis_cap: float | None = None
+                  ) -> LossFn:
+    """PPO clipped surrogate (each token's term weighted by `tis_weights` when `tis_cap` is set)
+    - entropy_coef * entropy + kl_loss_coef * k3 KL(pi || pi_ref) (GRPO's beta term, differentiated
+    through pi), each aggregated by `loss_agg`."""
     def loss_fn(mb, num_tokens, num_seqs):
         mask = mb["loss_mask"]
         logp, entropy = token_logprobs(actor, mb["input_ids"], mb["attention_mask"], mask, temperature)
         pg, clipped = ppo_policy_loss(logp, mb["logp_old"], mb["advantages"], clip_low, clip_high, dual_clip)
+        if tis_cap is not None:
+            if "logp_engine" not in mb:
+                raise ValueError("actor.tis_cap weights tokens by the engine's log-probs, and this engine returns none")
+            pg = pg * tis_weights(mb["logp_old"], mb["logp_engine"], tis_cap)
         loss = aggregate(pg, mask, loss_agg, num_tokens, num_seqs)
         loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg, num_tokens, num_seqs)
         n = float(mask.sum())

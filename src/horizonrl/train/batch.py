@@ -2,6 +2,7 @@
 
 Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where loss_mask is 0):
     input_ids, attention_mask, loss_mask      from the samples
+    logp_engine                               the engine's log-probs (when every turn has them)
     logp_old, entropy, logp_ref, values_old   from score()
     advantages, returns                       from estimate_advantages()
 `bootstrap_values` [B] holds V(s_{T+1}) of each bootstrap prompt.
@@ -9,6 +10,7 @@ Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where l
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from torch import Tensor
 from horizonrl.algos.advantages import dual_discount_gae, whiten
 from horizonrl.algos.group import broadcast_to_tokens, group_advantages
 from horizonrl.algos.kl import kl_estimate, kl_in_reward
-from horizonrl.algos.losses import explained_variance
+from horizonrl.algos.losses import explained_variance, tis_weights
 from horizonrl.config import MergeConfig, MicroBatchBudget, PPOConfig
 from horizonrl.learner.scoring import prompt_values, score
 from horizonrl.records import Episode, SampleBatch
@@ -54,10 +56,25 @@ def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, budg
     if merge_report is not None and mismatch_log is not None:
         write_mismatches(merge_report, mismatch_log)
     data = row_tensors(samples, pad_id, device)
+    index = TurnIndex.of(samples, device)
+    turns = [t for e in episodes for t in e.turns]                # in the segments' order
+    if turns and all(t.response_logprobs is not None for t in turns):
+        data["logp_engine"] = index.to_rows(turn_layout([t.response_logprobs for t in turns], index.mask),
+                                            data["input_ids"].shape)
     data.update(score(data, budget, temperature, actor=actor, reference=reference, critic=critic))
     bootstrap = (prompt_values(critic, samples.bootstrap_prompts, pad_id, budget, device)
                  if critic is not None else torch.zeros(0, device=device))
-    return PPOBatch(episodes, samples, TurnIndex.of(samples, device), data, bootstrap, merge_report)
+    return PPOBatch(episodes, samples, index, data, bootstrap, merge_report)
+
+
+def turn_layout(values: list[list[float]], mask: Tensor) -> Tensor:
+    """Per-token values of each turn's response as an [N, L] tensor like `mask` (a turn's first
+    mask.sum() values; zero beyond)."""
+    out = torch.zeros_like(mask)
+    for n, turn_values in enumerate(values):
+        length = int(mask[n].sum())
+        out[n, :length] = torch.tensor(turn_values[:length], dtype=out.dtype)
+    return out
 
 
 def refresh_values(batch: PPOBatch, critic, pad_id: int, budget: MicroBatchBudget) -> None:
@@ -111,8 +128,9 @@ def group_advantages_to_tokens(batch: PPOBatch, estimator: str) -> None:
     batch.data["returns"] = broadcast_to_tokens(rewards, row_episode, batch.data["loss_mask"])
 
 
-def batch_metrics(batch: PPOBatch) -> dict[str, float]:
-    """Data, KL, critic-fit and sampler-consistency statistics of a prepared batch."""
+def batch_metrics(batch: PPOBatch, tis_cap: float | None = None) -> dict[str, float]:
+    """Data, KL, critic-fit and sampler-consistency statistics of a prepared batch (with `tis_cap`,
+    the mean truncated importance weight and the fraction of tokens whose weight the cap cut)."""
     data = batch.data
     mask = data["loss_mask"]
     n = float(mask.sum())
@@ -127,9 +145,11 @@ def batch_metrics(batch: PPOBatch) -> dict[str, float]:
         metrics.update(batch.merge_report.as_metrics())
     if "values_old" in data:
         metrics["train/critic/explained_variance"] = explained_variance(data["values_old"], data["returns"], mask)
-    turns = [t for e in batch.episodes for t in e.turns]
-    if turns and all(t.response_logprobs is not None for t in turns):
-        engine = torch.tensor([lp for t in turns for lp in t.response_logprobs], device=mask.device)
-        learner = batch.index.to_turns(data["logp_old"])[batch.index.mask.bool()]
-        metrics["rollout/logprob_abs_diff"] = float((engine - learner).abs().mean())
+    if "logp_engine" in data:
+        metrics["rollout/logprob_abs_diff"] = float(((data["logp_engine"] - data["logp_old"]).abs() * mask).sum()) / n
+        if tis_cap is not None:
+            weights = tis_weights(data["logp_old"], data["logp_engine"], tis_cap)
+            metrics["rollout/tis_weight_mean"] = float((weights * mask).sum()) / n
+            metrics["rollout/tis_clipped_frac"] = float(((data["logp_old"] - data["logp_engine"] > math.log(tis_cap))
+                                                         * mask).sum()) / n
     return metrics

@@ -88,7 +88,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
     actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
                                cfg.actor.entropy_coef, cfg.actor.loss_agg, cfg.rollout.temperature,
-                               cfg.actor.kl_loss_coef)
+                               cfg.actor.kl_loss_coef, cfg.actor.tis_cap)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     engine = make_engine(actor, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights")
     params = sampling_params(cfg.rollout, tokenizer, actor, agent)

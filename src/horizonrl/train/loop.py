@@ -151,7 +151,7 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
     generated = sum(len(t.response_ids) for e in batch.episodes for t in e.turns)
     trained = float(batch.data["attention_mask"].sum())
     record = {"iteration": i, "phase": phase, "env/errors": len(ctx.collector.errors),
-              **episode_metrics(episodes), **update_stats, **batch_metrics(batch),
+              **episode_metrics(episodes), **update_stats, **batch_metrics(batch, ctx.cfg.actor.tis_cap),
               "perf/rollout_tokens_per_s": generated / timings["timing/rollout_s"],
               "perf/train_tokens_per_s": trained / (timings["timing/score_s"] + timings["timing/update_s"]),
               **timings}
