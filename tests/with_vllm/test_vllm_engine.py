@@ -14,9 +14,7 @@ pytest.importorskip("vllm")
 
 from integration.test_engine import generate_all, prompts_of
 
-from horizonrl import envs
 from horizonrl.agents.agent import Agent
-from horizonrl.config import TinyModel
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.engines.vllm_engine import VLLMEngine
@@ -25,18 +23,6 @@ from horizonrl.learner.models import stop_ids
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.samples.tensors import pad
-from horizonrl.train.warm_start import build_tiny_for_envs
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    """A tiny model for the river env with head size 32 (vLLM's CPU attention has no kernel for the
-    default 16) and tied embeddings: the case vLLM's in-place reload gets wrong."""
-    env = envs.make("river")
-    tokenizer, model = build_tiny_for_envs([env], TinyModel(hidden_size=128, intermediate_size=384), seed=0,
-                                           device=torch.device("cpu"))
-    assert model.config.tie_word_embeddings
-    return tokenizer, model.eval()
 
 
 def test_a_head_size_without_a_cpu_kernel_fails_in_one_line(river_tiny):

