@@ -205,19 +205,28 @@ def test_approx_kl_by_hand():
     assert torch.all(approx_kl(logp, logp_old) >= 0)
 
 
-def test_kl_loss_term_adds_beta_times_k3_to_the_reference(river_tiny):
-    """actor loss(beta) - actor loss(0) = beta * token-mean k3(logp, logp_ref)."""
+def sampled_row(river_tiny, n_sampled: int) -> dict:
+    """One row whose last `n_sampled` tokens are sampled: input_ids, attention_mask, loss_mask and the
+    tiny model's log-probs of them as logp_old (so rho = 1 in the loss)."""
     from horizonrl.learner.scoring import token_logprobs
-    from horizonrl.learner.update import actor_loss_fn
 
     tokenizer, model = river_tiny
     ids = torch.tensor([tokenizer.encode("You are on stone 2. THINK: go ACTION: jump right")])
     mask = torch.zeros_like(ids)
-    mask[0, -5:] = 1
+    mask[0, -n_sampled:] = 1
     with torch.no_grad():
         logp, _ = token_logprobs(model, ids, torch.ones_like(ids), mask, 1.0)
-    mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask, "logp_old": logp,
-          "advantages": torch.zeros_like(logp), "logp_ref": logp - 0.3 * mask}
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask, "logp_old": logp}
+
+
+def test_kl_loss_term_adds_beta_times_k3_to_the_reference(river_tiny):
+    """actor loss(beta) - actor loss(0) = beta * token-mean k3(logp, logp_ref)."""
+    from horizonrl.learner.update import actor_loss_fn
+
+    model = river_tiny[1]
+    mb = sampled_row(river_tiny, 5)
+    logp, mask = mb["logp_old"], mb["loss_mask"]
+    mb.update(advantages=torch.zeros_like(logp), logp_ref=logp - 0.3 * mask)
     n = float(mask.sum())
     args = (model, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0)
     plain, _ = actor_loss_fn(*args)(mb, n, 1.0)
@@ -240,20 +249,15 @@ def test_tis_cap_weights_each_tokens_policy_gradient_term(river_tiny):
     -1, 2, -0.5 (dual clip 3 does not bind: min(2, 6) = 2), token mean 0.5 / 3. Engine log-probs
     ln 3, ln 0.5, 0 below the learner's give weights min(3, 2) = 2, 0.5, 1 (cap 2):
     -2, 1, -0.5, token mean -1.5 / 3 = -0.5. tis_cap None is the plain loss, bit for bit."""
-    from horizonrl.learner.scoring import token_logprobs
     from horizonrl.learner.update import actor_loss_fn
 
-    tokenizer, model = river_tiny
-    ids = torch.tensor([tokenizer.encode("You are on stone 2. THINK: go ACTION: jump right")])
-    mask = torch.zeros_like(ids)
-    mask[0, -3:] = 1
-    with torch.no_grad():
-        logp, _ = token_logprobs(model, ids, torch.ones_like(ids), mask, 1.0)
+    model = river_tiny[1]
+    mb = sampled_row(river_tiny, 3)
+    logp = mb["logp_old"]
     advantages, gaps = torch.zeros_like(logp), torch.zeros_like(logp)
     advantages[0, -3:] = torch.tensor([1.0, -2.0, 0.5])
     gaps[0, -3:] = torch.tensor([math.log(3.0), math.log(0.5), 0.0])
-    mb = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask, "logp_old": logp,
-          "advantages": advantages, "logp_engine": logp - gaps}
+    mb.update(advantages=advantages, logp_engine=logp - gaps)
     args = (model, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0)
     plain, _ = actor_loss_fn(*args)(mb, 3.0, 1.0)
     off, _ = actor_loss_fn(*args, tis_cap=None)(mb, 3.0, 1.0)
