@@ -23,6 +23,7 @@ needs the `if __name__ == "__main__":` guard.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import tempfile
@@ -143,7 +144,7 @@ class VLLMEngine:
                     engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, sampling)
                 outputs = engine.step()
             except Exception as error:  # every request the engine holds learns about it
-                if running:
+                with contextlib.suppress(Exception):   # a dead engine cannot abort: its requests are gone anyway
                     engine.abort_request(list(running))
                 for future, _ in running.values():
                     settle(future, RuntimeError(f"vLLM failed: {type(error).__name__}: {error}"))
