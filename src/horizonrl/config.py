@@ -115,10 +115,23 @@ class WarmStart(Section):
     lr: float = Field(3e-3, gt=0)
 
 
+class LoRAConfig(Section):
+    """Low-rank adapters (PEFT) on the actor's and the critic's linear layers; the base weights stay frozen
+    and the reference policy is the actor with its adapters disabled (no second copy of the weights)."""
+
+    r: int = Field(16, gt=0, description="adapter rank")
+    alpha: float = Field(32.0, gt=0, description="scale: the update is alpha / r * B @ A")
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="names of the linear layers that get adapters (PEFT's target_modules)")
+
+
 class ModelConfig(Section):
     path: str | None = Field(None, description="Hugging Face id or local folder; None builds `tiny`")
     tiny: TinyModel = TinyModel()
     warm_start: WarmStart | None = None
+    lora: LoRAConfig | None = Field(None, description="train low-rank adapters instead of every weight")
 
     @model_validator(mode="after")
     def _warm_start_needs_tiny(self) -> ModelConfig:
@@ -342,6 +355,20 @@ class TaskConfig(Section):
     max_tool_response_tokens: int = Field(256, gt=0)
 
 
+class DistConfig(Section):
+    """Training across processes (torchrun): how each rank holds actor, critic and reference (FSDP2).
+    Read only when the run is launched by torchrun (WORLD_SIZE is set); a plain process ignores it."""
+
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on GPUs, gloo on the CPU")
+    shard: bool = Field(True, description="true: FSDP2 shards parameters, gradients and optimizer state over "
+                                          "the ranks; false: every rank holds them whole (gradients all-reduced)")
+    mixed_precision: bool = Field(False, description="bf16 parameters in forward/backward, fp32 gradient reduction "
+                                                     "and master weights")
+    activation_checkpointing: bool = Field(False, description="recompute each decoder layer in backward")
+    cpu_offload: bool = Field(False, description="sharded parameters, gradients and optimizer state in CPU memory")
+    timeout_s: float = Field(600.0, gt=0, description="a collective that waits longer ends the job (a rank died)")
+
+
 class TrainConfig(Section):
     name: str = "toy"
     seed: int = Field(0, ge=0, description="env seeds count up from seed * 1_000_003 (rollout/seeds.py)")
@@ -367,6 +394,7 @@ class TrainConfig(Section):
     task: TaskConfig | None = None
     sft: SFTConfig = SFTConfig()
     report_to: list[Literal[SINKS]] = Field(["jsonl"], description="metrics sinks; jsonl is always written")
+    dist: DistConfig = DistConfig()
 
     def sample_options(self, run_dir: Path) -> dict:
         """The keyword arguments of train.batch.prepare that choose per-turn or merged rows."""
