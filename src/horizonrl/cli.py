@@ -18,9 +18,12 @@ import logging
 import sys
 from pathlib import Path
 
+from torch.distributed.elastic.multiprocessing.errors import record
+
 from horizonrl.config import ConfigError, load_config
 
 
+@record   # under torchrun: a rank's uncaught exception reaches torchrun's failure summary, naming the rank
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="horizonrl", description="Multi-turn RL for LLM agents.")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -7,6 +7,8 @@ value of the turn's prompt.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -125,15 +127,17 @@ def _rows_by_distance_to_chain_end(next_row: list[int], linked: list[bool]) -> l
     return groups
 
 
-def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8,
+           total: Callable[[Tensor], Tensor] = lambda t: t) -> Tensor:
     """(x - mean) / sqrt(var + eps) over masked entries (population variance); zero where mask is 0.
 
-    With shift_mean=False the mean is added back: only the scale changes.
+    With shift_mean=False the mean is added back: only the scale changes. `total` turns a local sum
+    into the sum over every process holding part of the batch (identity: this process alone).
     """
     mask = mask.to(x.dtype)
-    count = mask.sum().clamp(min=1)
-    mean = (x * mask).sum() / count
-    var = (((x - mean) * mask) ** 2).sum() / count
+    count = total(mask.sum()).clamp(min=1)
+    mean = total((x * mask).sum()) / count
+    var = total((((x - mean) * mask) ** 2).sum()) / count
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean

@@ -8,7 +8,10 @@ import hashlib
 import re
 from array import array
 from dataclasses import dataclass, replace
+from collections.abc import Iterable
 from typing import Literal, Protocol, runtime_checkable
+
+from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,10 @@ class Engine(Protocol):
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation: ...
 
-    def sync_weights(self, model) -> None:
-        """Make the engine sample from `model`'s current weights."""
+    def sync_weights(self, model, tensors: Iterable[tuple[str, Tensor]] | None = None) -> None:
+        """Make the engine sample from `model`'s current weights: `tensors`, (name, whole tensor) pairs
+        under the names of a plain model's `state_dict()`, produced one at a time (gathered from FSDP
+        shards, adapters merged); None: `model.state_dict()`."""
         ...
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -117,10 +118,13 @@ class HFEngine:
             self._server = asyncio.create_task(self._serve())
         return await future
 
-    def sync_weights(self, model) -> None:
-        """Sample from `model`'s weights from now on; the kept KV, computed with the old ones, goes."""
+    def sync_weights(self, model, tensors: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Sample from `model`'s weights (`tensors`, see Engine.sync_weights) from now on, copied into
+        this engine's own module unless it is `model`; the kept KV, computed with the old ones, goes."""
         if model is not self.model:
-            self.model.load_state_dict(model.state_dict())
+            own = self.model.state_dict()
+            for name, tensor in (model.state_dict().items() if tensors is None else tensors):
+                own[name].copy_(tensor)
         self._prefixes = []
         with self._lock:
             self.seeds.new_version()

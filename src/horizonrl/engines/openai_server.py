@@ -110,11 +110,12 @@ class OpenAIServerEngine:
         generation = Generation(list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"]), reason, version)
         return cut_at_stop_pattern(generation, self.tokenizer, params.stop_patterns)
 
-    def sync_weights(self, model) -> None:
-        """Write `model`'s weights to `weights_dir` and have the server reload them in place."""
+    def sync_weights(self, model, tensors=None) -> None:
+        """Write `model`'s weights (`tensors`, see Engine.sync_weights) to `weights_dir` and have the
+        server reload them in place."""
         if self.weights_dir is None:
             raise EngineError(f"this engine was built without weights_dir: it cannot send weights to {self.root_url}")
-        write_untied(model, self.tokenizer, self.weights_dir)
+        write_untied(model, self.tokenizer, self.weights_dir, tensors=tensors)
         self._call("POST", f"{self.root_url}/collective_rpc",
                    {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir.resolve())}})
         self._call("POST", f"{self.root_url}/reset_prefix_cache")

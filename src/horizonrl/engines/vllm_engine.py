@@ -155,13 +155,13 @@ class VLLMEngine:
                     future, version = running.pop(output.request_id)
                     settle(future, _generation(output, version))
 
-    def sync_weights(self, model) -> None:
+    def sync_weights(self, model, tensors=None) -> None:
         """Sample from `model`'s weights from now on: every tensor of its state dict (tied ones under
         each name) reloaded in place, the prefix cache reset. Call between rollouts, never during one."""
         if self._sleeping:
             self.llm.wake_up()
             self._sleeping = False
-        write_untied(model, self.tokenizer, self.folder, self.dtype)
+        write_untied(model, self.tokenizer, self.folder, self.dtype, tensors)
         try:   # a bound on the workers' reload (vLLM enforces it in its engine process)
             self.llm.collective_rpc("reload_weights", timeout=RELOAD_TIMEOUT_S,
                                     kwargs={"weights_path": str(self.folder)})

@@ -20,11 +20,12 @@ import torch
 from safetensors.torch import save_file
 
 
-def write_untied(model, tokenizer, folder: Path, dtype: torch.dtype | None = None) -> Path:
+def write_untied(model, tokenizer, folder: Path, dtype: torch.dtype | None = None, tensors=None) -> Path:
     """A Hugging Face model folder of `model` with untied embeddings (see the module docstring):
     config.json (`tie_word_embeddings: false`, `dtype`), model.safetensors with every entry of
-    `model.state_dict()` (tied ones under each of their names) in `dtype` (None: as they are), and the
-    tokenizer. Writing again into the same folder replaces the weights file whole."""
+    `model.state_dict()` (tied ones under each of their names; or the (name, tensor) pairs `tensors`)
+    in `dtype` (None: as they are), and the tokenizer. Writing again into the same folder replaces
+    the weights file whole."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(model.config)
@@ -34,7 +35,7 @@ def write_untied(model, tokenizer, folder: Path, dtype: torch.dtype | None = Non
         config.dtype = dtype
     config.save_pretrained(folder)
     state = {name: tensor.detach().to("cpu", dtype or tensor.dtype).clone().contiguous()
-             for name, tensor in model.state_dict().items()}
+             for name, tensor in (model.state_dict().items() if tensors is None else tensors)}
     partial = folder / "model.safetensors.partial"
     save_file(state, str(partial), metadata={"format": "pt"})
     os.replace(partial, folder / "model.safetensors")

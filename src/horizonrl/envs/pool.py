@@ -174,11 +174,12 @@ def _serve(conn, env_id: str, env_spec: registry.EnvSpec, kwargs: dict) -> None:
             conn.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}", None))
 
 
-def open_envs(env_ids: str | list[str], kwargs: dict, n: int, workers: bool, timeout_s: float) -> list:
-    """n env handles, handle i of env_ids[i % len(env_ids)], each in its own worker process when
-    `workers`, else in this process."""
+def open_envs(env_ids: str | list[str], kwargs: dict, n: int, workers: bool, timeout_s: float,
+              first: int = 0) -> list:
+    """n env handles for streams first..first+n-1, handle i of env_ids[(first + i) % len(env_ids)], each
+    in its own worker process when `workers`, else in this process."""
     env_ids = [env_ids] if isinstance(env_ids, str) else env_ids
-    ids = [env_ids[i % len(env_ids)] for i in range(n)]
+    ids = [env_ids[(first + i) % len(env_ids)] for i in range(n)]
     if workers:
         handles = [WorkerEnv(env_id, kwargs, timeout_s, wait=False) for env_id in ids]  # build in parallel
         for handle in handles:

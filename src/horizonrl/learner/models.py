@@ -132,4 +132,4 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.value_head(hidden).squeeze(-1).float()
+        return self.value_head(hidden).sum(-1).float()   # [B, T, 1] -> [B, T], a new tensor (not a view)

@@ -8,13 +8,21 @@ positions at a time (`learner.chunked_logits`); the critic has no vocabulary hea
 
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import Tensor
+from torch.distributed.fsdp import register_fsdp_forward_method
 
 from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.chunked_logits import LOGIT_CHUNK_TOKENS, chunked_logp_entropy
 from horizonrl.learner.device import autocast, autocast_dtype
+from horizonrl.learner.distributed import LOCAL, Ranks
+from horizonrl.learner.lora import lm_body
 from horizonrl.samples.tensors import pad
+
+
+SHARDED_LOGPROBS = "horizonrl_token_logprobs"   # the FSDP2 forward method of a sharded policy
 
 
 def token_logprobs(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
@@ -22,8 +30,24 @@ def token_logprobs(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask:
     """(logp, entropy) of each sampled token under softmax(logits / temperature), the logits of at
     most `chunk_tokens` positions existing at one time (forward and backward).
 
-    Assumes logits = lm_head(last hidden state), true of Llama/Qwen/Mistral-family models.
+    Assumes logits = lm_head(last hidden state), true of Llama/Qwen/Mistral-family models. A policy
+    sharded with FSDP2 computes this in a registered forward method of its root (see
+    `register_sharded_logprobs`), so that the root's parameters (embeddings, head) are gathered.
     """
+    sharded = getattr(policy, SHARDED_LOGPROBS, None)
+    if sharded is not None:
+        return sharded(input_ids, attention_mask, loss_mask, temperature, chunk_tokens)
+    return _token_logprobs(policy, input_ids, attention_mask, loss_mask, temperature, chunk_tokens)
+
+
+def register_sharded_logprobs(policy) -> None:
+    """Make `token_logprobs` of the FSDP2-sharded `policy` run as a forward of its root module."""
+    setattr(policy, SHARDED_LOGPROBS, types.MethodType(_token_logprobs, policy))
+    register_fsdp_forward_method(policy, SHARDED_LOGPROBS)
+
+
+def _token_logprobs(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float,
+                    chunk_tokens: int) -> tuple[Tensor, Tensor]:
     hidden, targets, predicts = sampled_positions(policy, input_ids, attention_mask, loss_mask)
     lm_head = policy.get_output_embeddings()
     logp, entropy = chunked_logp_entropy(hidden, lm_head.weight, lm_head.bias, targets, temperature, chunk_tokens,
@@ -34,9 +58,10 @@ def token_logprobs(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask:
 def sampled_positions(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor
                       ) -> tuple[Tensor, Tensor, Tensor]:
     """(hidden [N, H], targets [N], predicts [B, T-1]): the policy's last hidden states at the N
-    positions t-1 that predict sampled tokens t, those tokens' ids, and where the positions are."""
+    positions t-1 that predict sampled tokens t, those tokens' ids, and where the positions are.
+    `policy` is a causal LM, plain or PEFT-wrapped (its body runs with the adapters, see lm_body)."""
     with autocast(input_ids.device):
-        hidden = policy.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = lm_body(policy)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     predicts = loss_mask[:, 1:].bool()            # hidden[:, t-1] predicts token t
     return hidden[:, :-1][predicts], input_ids[:, 1:][predicts], predicts
 
@@ -81,27 +106,37 @@ def select_rows(data: dict[str, Tensor], rows: list[int]) -> dict[str, Tensor]:
     return {key: value[index, :width] for key, value in data.items()}
 
 
-def micro_batches(data: dict[str, Tensor], rows: list[int], budget: MicroBatchBudget):
-    """`rows` packed into micro-batches within `budget` (see pack_rows), each trimmed to its longest row."""
-    lengths = data["attention_mask"][rows].sum(dim=1).tolist()
-    for group in pack_rows(lengths, budget):
-        yield select_rows(data, [rows[i] for i in group])
+def empty_micro_batch(data: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A micro-batch that changes nothing: one row of two tokens, the second "sampled", every other
+    value zero. A rank with fewer micro-batches than another runs these (its loss times zero), so
+    that every rank joins the same number of FSDP collectives and every parameter gets a gradient."""
+    mb = {key: torch.zeros((1, 2), dtype=value.dtype, device=value.device) for key, value in data.items()}
+    mb["attention_mask"] += 1
+    mb["loss_mask"][0, 1] = 1
+    return mb
+
+
+def padded_groups(groups: list, ranks: Ranks) -> list:
+    """`groups` followed by None up to the most groups any rank has (see empty_micro_batch)."""
+    return groups + [None] * (ranks.max(len(groups)) - len(groups))
 
 
 @torch.no_grad()
 def score(data: dict[str, Tensor], budget: MicroBatchBudget, temperature: float = 1.0, actor=None,
-          reference=None, critic=None) -> dict[str, Tensor]:
+          reference=None, critic=None, ranks: Ranks = LOCAL) -> dict[str, Tensor]:
     """[R, T] tensors from the networks given: logp_old and entropy (actor), logp_ref (reference),
-    values_old (critic)."""
+    values_old (critic). Every rank runs as many forward passes as the rank with the most."""
     out: dict[str, Tensor] = {}
 
-    def keep(key: str, rows: list[int], value: Tensor) -> None:
+    def keep(key: str, rows: list[int] | None, value: Tensor) -> None:
+        if rows is None:
+            return
         if key not in out:
             out[key] = torch.zeros(data["input_ids"].shape, dtype=value.dtype, device=value.device)
         out[key][rows, :value.shape[1]] = value
 
-    for rows in pack_rows(data["attention_mask"].sum(dim=1).tolist(), budget):
-        mb = select_rows(data, rows)
+    for rows in padded_groups(pack_rows(data["attention_mask"].sum(dim=1).tolist(), budget), ranks):
+        mb = select_rows(data, rows) if rows is not None else empty_micro_batch(data)
         args = (mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
         if actor is not None:
             logp, entropy = token_logprobs(actor, *args, temperature=temperature)
@@ -115,15 +150,18 @@ def score(data: dict[str, Tensor], budget: MicroBatchBudget, temperature: float 
 
 
 @torch.no_grad()
-def prompt_values(critic, prompts: list[list[int]], pad_id: int, budget: MicroBatchBudget, device) -> Tensor:
-    """V(prompt) for each prompt: the critic's value at its last token (the bootstrap V(s_{T+1}))."""
+def prompt_values(critic, prompts: list[list[int]], pad_id: int, budget: MicroBatchBudget, device,
+                  ranks: Ranks = LOCAL) -> Tensor:
+    """V(prompt) for each prompt: the critic's value at its last token (the bootstrap V(s_{T+1})).
+    Every rank runs as many forward passes as the rank with the most."""
     out = torch.zeros(len(prompts), device=device)
-    for group in pack_rows([len(p) for p in prompts], budget):
-        chunk = [prompts[i] for i in group]
+    for group in padded_groups(pack_rows([len(p) for p in prompts], budget), ranks):
+        chunk = [prompts[i] for i in group] if group is not None else [[pad_id]]
         input_ids = pad(chunk, pad_id, torch.long, device)
         attention_mask = pad([[1] * len(p) for p in chunk], 0, torch.long, device)
         with autocast(input_ids.device):
             state_values = critic(input_ids, attention_mask)
-        last = attention_mask.sum(dim=1) - 1
-        out[group] = state_values[torch.arange(len(chunk), device=device), last]
+        if group is not None:
+            last = attention_mask.sum(dim=1) - 1
+            out[group] = state_values[torch.arange(len(chunk), device=device), last]
     return out

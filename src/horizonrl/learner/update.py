@@ -5,6 +5,12 @@ Every micro-batch loss is normalised by its mini-batch's token and row counts (s
 `algos.losses.aggregate`), never by its own, so the accumulated gradient equals the full mini-batch
 gradient however the rows are packed into micro-batches (by rows or by a token budget), for every
 loss aggregation mode.
+
+Across ranks (torchrun), a mini-batch is every rank's share of it: `mini_batch_size / world_size`
+rows of each rank's own rows, normalised by the token and row counts summed over the ranks, and the
+FSDP2 gradients are summed over the ranks, so one step equals the step of one process on the union of
+the rows. Every rank runs as many mini-batches and micro-batches as the rank with the most, padding
+with empty ones (see learner.scoring.empty_micro_batch); the statistics are summed over the ranks.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from horizonrl.algos.kl import kl_estimate
 from horizonrl.algos.losses import (aggregate, approx_kl, first_token_weights, ppo_policy_loss, tis_weights,
                                     value_loss)
 from horizonrl.config import MicroBatchBudget
-from horizonrl.learner.scoring import micro_batches, token_logprobs, token_values
+from horizonrl.learner.distributed import LOCAL, Ranks, clip_grad_norm
+from horizonrl.learner.scoring import (empty_micro_batch, pack_rows, padded_groups, select_rows, token_logprobs,
+                                       token_values)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,15 @@ class Stats:
         for name, total in other.sums.items():
             self.add(name, total, other.counts[name])
 
+    def summed(self, ranks: Ranks) -> Stats:
+        """These statistics summed over the ranks (every rank must hold the same names)."""
+        names = sorted(self.sums)
+        values = ranks.sum([self.sums[n] for n in names] + [self.counts[n] for n in names])
+        out = Stats()
+        for k, name in enumerate(names):
+            out.add(name, values[k], values[len(names) + k])
+        return out
+
 
 def is_out_of_memory(error: BaseException) -> bool:
     """torch.OutOfMemoryError, or a RuntimeError saying "out of memory" (CPU allocators, older torch)."""
@@ -54,51 +71,58 @@ def is_out_of_memory(error: BaseException) -> bool:
                                                          and "out of memory" in str(error))
 
 
-def accumulate_gradients(optimizer, batches: Iterable[dict[str, Tensor]], loss_fn: LossFn,
-                         num_tokens: float, num_seqs: float) -> tuple[float, Stats]:
-    """Zero the gradients, then backward every micro-batch's loss; returns the summed loss and the
-    loss function's statistics."""
+def accumulate_gradients(optimizer, batches: Iterable[dict[str, Tensor] | None], loss_fn: LossFn,
+                         num_tokens: float, num_seqs: float, data: dict[str, Tensor]) -> tuple[float, Stats]:
+    """Zero the gradients, then backward every micro-batch's loss (None: an empty micro-batch of
+    `data`'s keys, whose loss counts zero); returns the summed loss and the loss function's statistics."""
     optimizer.zero_grad(set_to_none=True)
     loss_total, stats = 0.0, Stats()
     for mb in batches:
-        loss, parts = loss_fn(mb, num_tokens, num_seqs)
+        empty = mb is None
+        loss, parts = loss_fn(empty_micro_batch(data) if empty else mb, num_tokens, num_seqs)
+        if empty:
+            loss = loss * 0.0
         loss.backward()
         loss_total += loss.item()
         for name, (total, count) in parts.items():
-            stats.add(name, total, count)
+            stats.add(name, 0.0 if empty else total, 0.0 if empty else count)
     return loss_total, stats
 
 
 def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: MicroBatchBudget,
                    loss_fn: LossFn, num_tokens: float, num_seqs: float, grad_clip: float,
-                   stats: Stats) -> MicroBatchBudget:
+                   stats: Stats, ranks: Ranks = LOCAL) -> MicroBatchBudget:
     """One optimizer step over the mini-batch `rows` of `data`, in micro-batches within `budget`.
 
     Out of memory in a micro-batch: the step starts again from zero gradients with the budget halved
-    (counted in `oom_retries`); out of memory again is an error. Skips (and counts in
-    `skipped_updates`) the step when the loss or the gradient norm is not finite. Returns the budget
-    the step ran with.
+    (counted in `oom_retries`); out of memory again is an error, and so is the first one across ranks
+    (the other ranks would wait in a collective). Skips (and counts in `skipped_updates`) the step
+    when the loss or the gradient norm is not finite. Returns the budget the step ran with.
     """
     for retry in (False, True):
         try:
-            loss_total, step_stats = accumulate_gradients(optimizer, micro_batches(data, rows, budget), loss_fn,
-                                                          num_tokens, num_seqs)
+            lengths = data["attention_mask"][rows].sum(dim=1).tolist()
+            groups = padded_groups([[rows[i] for i in group] for group in pack_rows(lengths, budget)], ranks)
+            loss_total, step_stats = accumulate_gradients(
+                optimizer, (select_rows(data, group) if group is not None else None for group in groups),
+                loss_fn, num_tokens, num_seqs, data)
             break
         except RuntimeError as error:
             if not is_out_of_memory(error):
                 raise
-            if retry:
-                raise RuntimeError(f"out of memory in a micro-batch again with the halved budget {budget}; "
-                                   "lower optim.max_tokens_per_micro_batch (or optim.micro_batch_size)") from error
+            if retry or ranks.distributed:
+                raise RuntimeError(f"out of memory in a micro-batch with the budget {budget}; lower "
+                                   "optim.max_tokens_per_micro_batch (or optim.micro_batch_size)") from error
         # outside the except block, so that the failed attempt's tensors are freed
         optimizer.zero_grad(set_to_none=True)
         halved = budget.halved()
         log.warning("out of memory in a micro-batch with %s: retrying the step with %s", budget, halved)
         budget = halved
-    stats.merge(step_stats)
+    stats.merge(step_stats.summed(ranks))
     stats.add("oom_retries", float(retry), 0.0)
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, grad_clip))
+    grad_norm = clip_grad_norm(params, grad_clip)
+    loss_total = ranks.sum([loss_total])[0]
     finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
     if finite:
         optimizer.step()
@@ -162,17 +186,21 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
 
 
 def minibatch_updates(data: dict[str, Tensor], mini_batch_size: int, budget: MicroBatchBudget, epochs: int,
-                      generator: torch.Generator, steps: list[tuple[object, LossFn, float, Stats]]) -> None:
-    """For each epoch, shuffle the rows, cut them into mini-batches and run one optimizer step per
-    (optimizer, loss_fn, grad_clip, stats) in `steps` on each mini-batch. A budget halved after
+                      generator: torch.Generator, steps: list[tuple[object, LossFn, float, Stats]],
+                      ranks: Ranks = LOCAL) -> None:
+    """For each epoch, shuffle this rank's rows, cut them into mini-batches of mini_batch_size /
+    world_size rows and run one optimizer step per (optimizer, loss_fn, grad_clip, stats) in `steps`
+    on each mini-batch, as many as the rank with the most (an empty one pads). A budget halved after
     running out of memory holds for that entry's later steps in this call."""
     n_rows = data["input_ids"].shape[0]
+    rows_per_step = max(1, mini_batch_size // ranks.world_size)
+    n_steps = ranks.max(math.ceil(n_rows / rows_per_step))
     budgets = [budget] * len(steps)
     for _ in range(epochs):
         order = torch.randperm(n_rows, generator=generator).tolist()
-        for begin in range(0, n_rows, mini_batch_size):
-            rows = order[begin:begin + mini_batch_size]
-            num_tokens = float(data["loss_mask"][rows].sum())
+        for step in range(n_steps):
+            rows = order[step * rows_per_step:(step + 1) * rows_per_step]
+            num_tokens, num_seqs = ranks.sum([float(data["loss_mask"][rows].sum()), float(len(rows))])
             for i, (optimizer, loss_fn, grad_clip, stats) in enumerate(steps):
                 budgets[i] = optimizer_step(optimizer, data, rows, budgets[i], loss_fn, num_tokens,
-                                            float(len(rows)), grad_clip, stats)
+                                            num_seqs, grad_clip, stats, ranks)

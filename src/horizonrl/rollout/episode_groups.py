@@ -44,17 +44,20 @@ def load_reward_fn(path: str | None) -> RewardFn:
 
 class EpisodeGroupCollector:
     def __init__(self, envs: list, task: str, agent: Agent, engine: Engine, params: SamplingParams, n_tasks: int,
-                 group_size: int, max_turns: int | None, reward_fn: RewardFn = episode_return, seed: int = 0):
-        """`envs`: async env handles (horizonrl.envs.pool); rollouts share them."""
+                 group_size: int, max_turns: int | None, reward_fn: RewardFn = episode_return, seed: int = 0,
+                 share: range | None = None):
+        """`envs`: async env handles (horizonrl.envs.pool); rollouts share them. `share`: which of each
+        batch's `n_tasks` tasks this process plays (a rank of a torchrun job; default all)."""
         self.envs, self.task, self.agent, self.engine, self.params = envs, task, agent, engine, params
         self.n_tasks, self.group_size, self.max_turns, self.reward_fn = n_tasks, group_size, max_turns, reward_fn
+        self.share = range(n_tasks) if share is None else share
         self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []
 
     def collect(self) -> list[Episode]:
-        """`n_tasks * group_size` finished episodes of the next `n_tasks` training seeds, grouped: task by
-        task, rollout by rollout."""
-        seeds = list(range(self.next_seed, self.next_seed + self.n_tasks))
+        """`group_size` finished episodes of each of this process's share of the next `n_tasks` training
+        seeds, grouped: task by task, rollout by rollout."""
+        seeds = [self.next_seed + j for j in self.share]
         self.next_seed += self.n_tasks
         return self.collect_seeds(seeds)
 

@@ -25,12 +25,16 @@ from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, 
 
 
 class FixedTurnCollector:
-    def __init__(self, envs: list, agent: Agent, engine: Engine, params: SamplingParams, e_len: int, seed: int = 0):
+    def __init__(self, envs: list, agent: Agent, engine: Engine, params: SamplingParams, e_len: int, seed: int = 0,
+                 first_stream: int = 0, n_streams: int | None = None):
         """`envs`: async env handles (horizonrl.envs.pool), one per stream; a stream's episodes are
-        tasks of its handle's `env_id`."""
+        tasks of its handle's `env_id`. The handles are streams first_stream.. of a run's `n_streams`
+        (default: just these): a rank of a torchrun job plays its share of the run's streams, each
+        with the seeds (and request seeds) it has in a single process."""
         self.agent, self.engine, self.params, self.e_len = agent, engine, params, e_len
-        self.streams = [EnvStream(i, env, env.env_id, next_seed=first_training_seed(seed) + i, seed_stride=len(envs))
-                        for i, env in enumerate(envs)]
+        stride = len(envs) if n_streams is None else n_streams
+        self.streams = [EnvStream(i, env, env.env_id, next_seed=first_training_seed(seed) + i, seed_stride=stride)
+                        for i, env in enumerate(envs, start=first_stream)]
         self.errors: list[str] = []
 
     def collect(self) -> list[Episode]:

@@ -20,16 +20,19 @@ from horizonrl.rollout.seeds import first_training_seed
 
 class TaskGroupCollector:
     def __init__(self, loop: AgentLoop, make_task: Callable[[int], Task], n_tasks: int, group_size: int,
-                 reward_fn: RewardFn, seed: int = 0):
+                 reward_fn: RewardFn, seed: int = 0, share: range | None = None):
+        """`share`: which of each batch's `n_tasks` tasks this process plays (a rank of a torchrun job;
+        default all)."""
         self.loop, self.make_task, self.reward_fn = loop, make_task, reward_fn
         self.n_tasks, self.group_size = n_tasks, group_size
+        self.share = range(n_tasks) if share is None else share
         self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []      # the agent loop recovers from tool errors; nothing is lost here
 
     def collect(self) -> list[Episode]:
-        """`n_tasks * group_size` finished episodes of the next `n_tasks` tasks, task by task, rollout by
-        rollout."""
-        tasks = [self.make_task(seed) for seed in range(self.next_seed, self.next_seed + self.n_tasks)]
+        """`group_size` finished episodes of each of this process's share of the next `n_tasks` tasks,
+        task by task, rollout by rollout."""
+        tasks = [self.make_task(self.next_seed + j) for j in self.share]
         self.next_seed += self.n_tasks
         return asyncio.run(self._collect(tasks))
 

@@ -22,6 +22,7 @@ from horizonrl.algos.group import broadcast_to_tokens, group_advantages
 from horizonrl.algos.kl import kl_estimate, kl_in_reward
 from horizonrl.algos.losses import explained_variance, tis_weights
 from horizonrl.config import MergeConfig, MicroBatchBudget, PPOConfig
+from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.scoring import prompt_values, score
 from horizonrl.records import Episode, SampleBatch
 from horizonrl.samples.merge import MergeReport, merge_turns, write_mismatches
@@ -49,9 +50,10 @@ def build_samples(episodes: list[Episode], merge: MergeConfig | None, tokenizer=
 
 def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, budget: MicroBatchBudget,
             temperature: float, device, merge: MergeConfig | None = None, tokenizer=None,
-            mismatch_log: Path | None = None) -> PPOBatch:
+            mismatch_log: Path | None = None, ranks: Ranks = LOCAL) -> PPOBatch:
     """Rows of `episodes` (see build_samples), scored by the actor, the reference and the critic
-    (None: no values). With `mismatch_log`, every prefix mismatch is appended to it as a JSON line."""
+    (None: no values). With `mismatch_log`, every prefix mismatch is appended to it as a JSON line.
+    Across ranks, each scores its own episodes (in as many forward passes as the others)."""
     samples, merge_report = build_samples(episodes, merge, tokenizer)
     if merge_report is not None and mismatch_log is not None:
         write_mismatches(merge_report, mismatch_log)
@@ -61,8 +63,8 @@ def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, budg
     if turns and all(t.response_logprobs is not None for t in turns):
         data["logp_engine"] = index.to_rows(turn_layout([t.response_logprobs for t in turns], index.mask),
                                             data["input_ids"].shape)
-    data.update(score(data, budget, temperature, actor=actor, reference=reference, critic=critic))
-    bootstrap = (prompt_values(critic, samples.bootstrap_prompts, pad_id, budget, device)
+    data.update(score(data, budget, temperature, actor=actor, reference=reference, critic=critic, ranks=ranks))
+    bootstrap = (prompt_values(critic, samples.bootstrap_prompts, pad_id, budget, device, ranks)
                  if critic is not None else torch.zeros(0, device=device))
     return PPOBatch(episodes, samples, index, data, bootstrap, merge_report)
 
@@ -77,16 +79,17 @@ def turn_layout(values: list[list[float]], mask: Tensor) -> Tensor:
     return out
 
 
-def refresh_values(batch: PPOBatch, critic, pad_id: int, budget: MicroBatchBudget) -> None:
+def refresh_values(batch: PPOBatch, critic, pad_id: int, budget: MicroBatchBudget, ranks: Ranks = LOCAL) -> None:
     """Re-score values_old and the bootstrap values with the current critic (critic warmup)."""
-    batch.data.update(score(batch.data, budget, critic=critic))
+    batch.data.update(score(batch.data, budget, critic=critic, ranks=ranks))
     batch.bootstrap_values = prompt_values(critic, batch.samples.bootstrap_prompts, pad_id, budget,
-                                           batch.data["input_ids"].device)
+                                           batch.data["input_ids"].device, ranks)
 
 
-def estimate_advantages(batch: PPOBatch, ppo: PPOConfig) -> None:
+def estimate_advantages(batch: PPOBatch, ppo: PPOConfig, ranks: Ranks = LOCAL) -> None:
     """Token rewards (env reward on each turn's last token, -kl_coef * KL on every token) and
-    dual-discount GAE in the turn layout; advantages and returns stored back in the row layout."""
+    dual-discount GAE in the turn layout; advantages and returns stored back in the row layout.
+    Each rank's streams are whole, so GAE is local; whitening uses every rank's tokens."""
     segments, index, data = batch.samples.segments, batch.index, batch.data
     device = index.mask.device
     token_rewards = kl_in_reward(index.to_turns(data["logp_old"]), index.to_turns(data["logp_ref"]),
@@ -104,20 +107,25 @@ def estimate_advantages(batch: PPOBatch, ppo: PPOConfig) -> None:
         gamma_step=ppo.gamma_step, lambda_step=ppo.lambda_step,
         gamma_token=ppo.gamma_token, lambda_token=ppo.lambda_token)
     if ppo.whiten_advantages:
-        advantages = whiten(advantages, index.mask)
+        advantages = whiten(advantages, index.mask, total=ranks.sum_tensor)
     shape = data["input_ids"].shape
     data["advantages"] = index.to_rows(advantages, shape)
     data["returns"] = index.to_rows(returns, shape)
 
 
-def group_advantages_to_tokens(batch: PPOBatch, estimator: str) -> None:
+def group_advantages_to_tokens(batch: PPOBatch, estimator: str, ranks: Ranks = LOCAL) -> None:
     """Outcome advantages of whole episodes (`group_advantages` over their `outcome_reward`, grouped by
-    `group_id`), broadcast over every sampled token of each episode's rows, stored in `data`."""
+    `group_id`, over every rank's episodes: a group lives on one rank, REINFORCE++ whitens over the
+    whole batch), broadcast over every sampled token of each episode's rows, stored in `data`."""
     device = batch.data["loss_mask"].device
-    groups = {g: i for i, g in enumerate(dict.fromkeys(e.group_id for e in batch.episodes))}
-    rewards = torch.tensor([e.outcome_reward for e in batch.episodes], dtype=torch.float32, device=device)
-    group_index = torch.tensor([groups[e.group_id] for e in batch.episodes], device=device)
-    advantages = group_advantages(rewards, group_index, estimator)
+    shares = ranks.gather([(e.outcome_reward, e.group_id) for e in batch.episodes])
+    everyone = [pair for share in shares for pair in share]
+    groups = {g: i for i, g in enumerate(dict.fromkeys(g for _, g in everyone))}
+    rewards = torch.tensor([r for r, _ in everyone], dtype=torch.float32, device=device)
+    group_index = torch.tensor([groups[g] for _, g in everyone], dtype=torch.long, device=device)
+    mine = slice(sum(len(share) for share in shares[:ranks.rank]), None)
+    advantages = group_advantages(rewards, group_index, estimator)[mine][:len(batch.episodes)]
+    rewards = rewards[mine][:len(batch.episodes)]
     row_episode = torch.zeros(len(batch.samples.input_ids), dtype=torch.long, device=device)
     segment = 0
     for episode_index, episode in enumerate(batch.episodes):       # segments are in episode order
@@ -128,28 +136,35 @@ def group_advantages_to_tokens(batch: PPOBatch, estimator: str) -> None:
     batch.data["returns"] = broadcast_to_tokens(rewards, row_episode, batch.data["loss_mask"])
 
 
-def batch_metrics(batch: PPOBatch, tis_cap: float | None = None) -> dict[str, float]:
-    """Data, KL, critic-fit and sampler-consistency statistics of a prepared batch (with `tis_cap`,
-    the mean truncated importance weight and the fraction of tokens whose weight the cap cut)."""
+def batch_metrics(batch: PPOBatch, tis_cap: float | None = None, ranks: Ranks = LOCAL) -> dict[str, float]:
+    """Data, KL, critic-fit and sampler-consistency statistics of a prepared batch, over every rank's
+    rows (with `tis_cap`, the mean truncated importance weight and the fraction of tokens whose weight
+    the cap cut)."""
     data = batch.data
-    mask = data["loss_mask"]
-    n = float(mask.sum())
+    sampled = data["loss_mask"].bool()
+    tokens = {key: torch.cat([t.to(sampled.device) for t in ranks.gather(data[key][sampled].cpu())])
+              for key in ("logp_old", "logp_ref", "returns", "values_old", "logp_engine") if key in data}
+    n = float(tokens["logp_old"].numel())
+    attended, rows, bootstrap_prompts = ranks.sum([float(data["attention_mask"].sum()), float(sampled.shape[0]),
+                                                   float(len(batch.samples.bootstrap_prompts))])
+    every = torch.ones_like(tokens["logp_old"])
     metrics = {
-        "data/mask_ones_ratio": n / float(data["attention_mask"].sum()),
-        "data/rows": int(mask.shape[0]),
-        "data/bootstrap_prompts": len(batch.samples.bootstrap_prompts),
-        "train/kl_ref": float((kl_estimate(data["logp_old"], data["logp_ref"], "k3") * mask).sum()) / n,
-        "train/returns_mean": float((data["returns"] * mask).sum()) / n,
+        "data/mask_ones_ratio": n / attended,
+        "data/rows": int(rows),
+        "data/bootstrap_prompts": int(bootstrap_prompts),
+        "train/kl_ref": float(kl_estimate(tokens["logp_old"], tokens["logp_ref"], "k3").sum()) / n,
+        "train/returns_mean": float(tokens["returns"].sum()) / n,
     }
     if batch.merge_report is not None:
-        metrics.update(batch.merge_report.as_metrics())
-    if "values_old" in data:
-        metrics["train/critic/explained_variance"] = explained_variance(data["values_old"], data["returns"], mask)
-    if "logp_engine" in data:
-        metrics["rollout/logprob_abs_diff"] = float(((data["logp_engine"] - data["logp_old"]).abs() * mask).sum()) / n
+        report = batch.merge_report.as_metrics()
+        metrics.update(zip(report, map(int, ranks.sum(list(report.values())))))
+    if "values_old" in tokens:
+        metrics["train/critic/explained_variance"] = explained_variance(tokens["values_old"], tokens["returns"], every)
+    if "logp_engine" in tokens:
+        gap = tokens["logp_old"] - tokens["logp_engine"]
+        metrics["rollout/logprob_abs_diff"] = float(gap.abs().sum()) / n
         if tis_cap is not None:
-            weights = tis_weights(data["logp_old"], data["logp_engine"], tis_cap)
-            metrics["rollout/tis_weight_mean"] = float((weights * mask).sum()) / n
-            metrics["rollout/tis_clipped_frac"] = float(((data["logp_old"] - data["logp_engine"] > math.log(tis_cap))
-                                                         * mask).sum()) / n
+            weights = tis_weights(tokens["logp_old"], tokens["logp_engine"], tis_cap)
+            metrics["rollout/tis_weight_mean"] = float(weights.sum()) / n
+            metrics["rollout/tis_clipped_frac"] = float((gap > math.log(tis_cap)).sum()) / n
     return metrics

@@ -5,14 +5,18 @@ beside it (`critic.safetensors`); it loads back with `model.path=<folder>`. A ru
 tiny model before RL) and `checkpoint/` (the model at the end).
 
 Every `save_every` iterations, after the last one and when a SIGINT/SIGTERM asked the run to stop, the
-run also writes `checkpoints/iter_NNNNNN/`: a model folder plus what `horizonrl train --resume RUN`
-needs to continue exactly where the run was (`TrainingState`):
-    training_state.safetensors   optimizer tensors ("actor_opt/<param>/<name>", "critic_opt/..."),
-                                 RNG states ("rng/torch", "rng/cuda/<device>", "rng/shuffle")
-    training_state.json          iteration, optimizer param groups, the engine's weights version,
-                                 the collector's state (env streams), python and numpy RNG states
-No pickle anywhere. The reference policy is not saved: it is the run's initial policy, reloaded from
-`init/` (tiny model) or from `model.path`, which must still hold the weights the run started from.
+run also writes `checkpoints/iter_NNNNNN/`, what `horizonrl train --resume RUN` needs to continue
+exactly where the run was (`TrainingState`), written by every rank of a torchrun job:
+    dcp/                         actor, critic and their AdamW states by parameter name, as
+                                 torch.distributed.checkpoint shards: they load at any world size
+    training_state.safetensors   each rank's RNG states ("rank<r>/rng/torch", ".../rng/cuda/<device>",
+                                 ".../rng/shuffle")
+    training_state.json          iteration, world size, the engine's weights version, each rank's
+                                 collector state (env streams) and python and numpy RNG states
+The reference policy is not saved: it is the run's initial policy, reloaded from `init/` (tiny
+model) or from `model.path`, which must still hold the weights the run started from; a resumed run
+loads it, then the checkpoint's weights over it. `horizonrl export` turns a checkpoint into a model
+folder.
 
 Every folder is written into `<name>.tmp` beside its final name, fsynced, then renamed, so a folder
 under its final name is complete; only the last complete `iter_*` folder is kept (the older ones are
@@ -37,12 +41,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from horizonrl.config import ConfigError, TrainConfig, dump, load_config
 from horizonrl.engines.base import TrainingEngine
-from horizonrl.learner.models import load_policy
+from horizonrl.learner.distributed import LOCAL, Ranks, full_state_dict
+from horizonrl.learner.lora import merged_parameters
 from horizonrl.report.trajectories import TRAJECTORIES
 from horizonrl.rollout.collector import Collector
 
@@ -51,6 +58,7 @@ CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 RESUMABLE_KEYS = ("iterations", "save_every")  # the only overrides `--resume` takes
 _ITERATION_FOLDER = re.compile(r"iter_(\d{6})")
+DCP_FOLDER = "dcp"   # the networks and optimizers, torch.distributed.checkpoint shards
 
 
 class CheckpointError(ValueError):
@@ -67,20 +75,26 @@ class TrainingStopped(Exception):
                          f"    horizonrl train --resume {run_dir}")
 
 
-def save_checkpoint(folder: Path, actor, tokenizer, critic=None) -> Path:
-    """Write the model folder `folder` atomically."""
+def save_checkpoint(folder: Path, actor, tokenizer, critic=None, ranks: Ranks = LOCAL) -> Path:
+    """Write the model folder `folder` atomically (sharded networks gathered whole, written by rank 0;
+    every rank calls)."""
     folder = Path(folder)
-    with atomic_folder(folder) as tmp:
-        write_model(tmp, actor, tokenizer, critic)
+    actor_state = full_state_dict(actor, ranks)
+    critic_state = full_state_dict(critic, ranks) if critic is not None else None
+    if ranks.is_main:
+        with atomic_folder(folder) as tmp:
+            write_model(tmp, actor, tokenizer, actor_state, critic_state)
+    ranks.barrier()
     return folder
 
 
-def write_model(folder: Path, actor, tokenizer, critic=None) -> None:
-    actor.save_pretrained(folder, safe_serialization=True)
+def write_model(folder: Path, actor, tokenizer, actor_state: dict, critic_state: dict | None = None) -> None:
+    """`actor` with the weights `actor_state` as a Hugging Face folder, the tokenizer, and the critic's
+    `critic_state` beside them."""
+    actor.save_pretrained(folder, safe_serialization=True, state_dict=actor_state)
     tokenizer.save_pretrained(folder)
-    if critic is not None:
-        state = {k: v.detach().contiguous() for k, v in critic.state_dict().items()}
-        save_file(state, str(folder / "critic.safetensors"))
+    if critic_state is not None:
+        save_file({k: v.detach().contiguous() for k, v in critic_state.items()}, str(folder / "critic.safetensors"))
 
 
 @contextmanager
@@ -95,6 +109,11 @@ def atomic_folder(folder: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    commit_folder(tmp, folder)
+
+
+def commit_folder(tmp: Path, folder: Path) -> None:
+    """fsync every file of `tmp`, rename it to `folder` (replacing an older one), fsync the parent."""
     for path in tmp.rglob("*"):
         if path.is_file():
             _fsync(path)
@@ -131,7 +150,7 @@ class TrainingState:
     """Everything a run changes as it trains, besides its logs. `save` and `restore` see it at an
     iteration boundary: after `engine.sync_weights` (see HFEngine.state_dict) or the critic warmup,
     with no episode fragment pending in the collector. The engine's and the collector's states are
-    JSON-able dicts."""
+    JSON-able dicts. Every rank of a torchrun job calls `save` and `restore` (collectives)."""
 
     actor: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
@@ -141,75 +160,102 @@ class TrainingState:
     collector: Collector
     critic: torch.nn.Module | None = None
     critic_opt: torch.optim.Optimizer | None = None
+    ranks: Ranks = LOCAL
 
     def save(self, run_dir: Path, iteration: int) -> Path:
         """Write checkpoints/iter_<iteration>/ atomically (after fsyncing the run's logs, so they hold
         every record up to `iteration`), then remove the older checkpoints."""
-        for name in (METRICS, TRAJECTORIES):
-            if (run_dir / name).exists():
-                _fsync(run_dir / name)
         folder = run_dir / CHECKPOINTS / iteration_folder(iteration)
-        with atomic_folder(folder) as tmp:
-            write_model(tmp, self.actor, self.tokenizer, self.critic)
-            self.write(tmp, iteration)
-        for old in complete_checkpoints(run_dir):
-            if old != folder:
-                shutil.rmtree(old)
+        tmp = folder.with_name(folder.name + ".tmp")
+        if self.ranks.is_main:
+            for name in (METRICS, TRAJECTORIES):
+                if (run_dir / name).exists():
+                    _fsync(run_dir / name)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        self.ranks.barrier()
+        dcp.save(self._networks(), checkpoint_id=tmp / DCP_FOLDER, no_dist=not self.ranks.distributed)
+        self.write(tmp, iteration)
+        if self.ranks.is_main:
+            commit_folder(tmp, folder)
+            for old in complete_checkpoints(run_dir):
+                if old != folder:
+                    shutil.rmtree(old)
+        self.ranks.barrier()
         return folder
 
     def write(self, folder: Path, iteration: int) -> None:
-        """training_state.safetensors and training_state.json (the model is written beside them)."""
-        tensors = {"rng/torch": torch.get_rng_state(), "rng/shuffle": self.shuffle.get_state()}
-        if torch.cuda.is_initialized():   # else no CUDA generator has drawn yet
-            tensors.update({f"rng/cuda/{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
-        optimizers = {}
-        for name, opt in self._optimizers().items():
-            state = opt.state_dict()
-            tensors.update({f"{name}/{param}/{key}": value.detach().cpu().contiguous()
-                            for param, values in state["state"].items() for key, value in values.items()})
-            optimizers[name] = state["param_groups"]
-        py_version, py_state, py_gauss = random.getstate()
-        np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-        meta = {"iteration": iteration, "optimizers": optimizers, "engine": self.engine.state_dict(),
-                "collector": self.collector.state_dict(), "python_random": [py_version, list(py_state), py_gauss],
-                "numpy_random": [np_name, np_keys.tolist(), np_pos, np_has_gauss, np_gauss]}
-        save_file(tensors, str(folder / "training_state.safetensors"))
-        (folder / "training_state.json").write_text(json.dumps(meta))
+        """training_state.safetensors and training_state.json, from every rank's state (rank 0 writes)."""
+        everyone = self.ranks.gather(self._rank_state())
+        if self.ranks.is_main:
+            save_file({f"rank{r}/{key}": value for r, (t, _) in enumerate(everyone) for key, value in t.items()},
+                      str(folder / "training_state.safetensors"))
+            (folder / "training_state.json").write_text(json.dumps(
+                {"iteration": iteration, "world_size": self.ranks.world_size, "engine": self.engine.state_dict(),
+                 "ranks": [m for _, m in everyone]}))
 
     def restore(self, folder: Path) -> int:
-        """Load the state saved in `folder` into these objects (the actor and tokenizer are the
-        folder's own, loaded with `load_policy`); returns the iteration it was saved after."""
+        """Load the state saved in `folder` into these objects, whatever the world size it was saved
+        at (the networks and optimizers are resharded; the env streams are shared out again; the RNG
+        states are those of the same rank, or of rank 0 for a rank that did not exist); returns the
+        iteration it was saved after."""
+        state = self._networks()
+        dcp.load(state, checkpoint_id=folder / DCP_FOLDER, no_dist=not self.ranks.distributed)
+        set_state_dict(self.actor, self.actor_opt, model_state_dict=state["actor"],
+                       optim_state_dict=state["actor_opt"])
+        if self.critic is not None:
+            set_state_dict(self.critic, self.critic_opt, model_state_dict=state["critic"],
+                           optim_state_dict=state["critic_opt"])
         tensors = load_file(str(folder / "training_state.safetensors"))
         meta = json.loads((folder / "training_state.json").read_text())
-        if self.critic is not None:
-            self.critic.load_state_dict(load_file(str(folder / "critic.safetensors")))
-        for name, opt in self._optimizers().items():
-            state: dict[int, dict] = {}
-            for key, value in tensors.items():
-                if key.startswith(f"{name}/"):
-                    param, field = key.removeprefix(f"{name}/").split("/")
-                    state.setdefault(int(param), {})[field] = value
-            opt.load_state_dict({"state": state, "param_groups": meta["optimizers"][name]})
+        saved = meta["ranks"]
+        rank = self.ranks.rank if self.ranks.rank < len(saved) else 0
+        self.engine.sync_weights(self.actor, merged_parameters(self.actor))   # it was built from the initial policy
         self.engine.load_state_dict(meta["engine"])
         try:
-            self.collector.load_state_dict(meta["collector"])
+            self.collector.load_state_dict(collector_share(self.collector, [m["collector"] for m in saved], self.ranks))
         except ValueError as error:   # the streams do not match the run's, or an env replays differently
             raise CheckpointError(f"{folder}: {error}") from None
         # RNG states last: nothing that restores the rest (the envs' replay included) may move them
-        torch.set_rng_state(tensors["rng/torch"])
-        self.shuffle.set_state(tensors["rng/shuffle"])
+        torch.set_rng_state(tensors[f"rank{rank}/rng/torch"])
+        self.shuffle.set_state(tensors[f"rank{rank}/rng/shuffle"])
         for key, value in tensors.items():
-            if key.startswith("rng/cuda/"):
-                torch.cuda.set_rng_state(value, int(key.removeprefix("rng/cuda/")))
-        py_version, py_state, py_gauss = meta["python_random"]
+            if key.startswith(f"rank{rank}/rng/cuda/"):
+                torch.cuda.set_rng_state(value, int(key.rpartition("/")[2]))
+        py_version, py_state, py_gauss = saved[rank]["python_random"]
         random.setstate((py_version, tuple(py_state), py_gauss))
-        np_name, np_keys, np_pos, np_has_gauss, np_gauss = meta["numpy_random"]
+        np_name, np_keys, np_pos, np_has_gauss, np_gauss = saved[rank]["numpy_random"]
         np.random.set_state((np_name, np.array(np_keys, dtype=np.uint32), np_pos, np_has_gauss, np_gauss))
         return meta["iteration"]
 
-    def _optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        return {"actor_opt": self.actor_opt,
-                **({"critic_opt": self.critic_opt} if self.critic_opt is not None else {})}
+    def _networks(self) -> dict:
+        """The networks' and optimizers' state dicts, keyed by parameter name (DCP reshards them)."""
+        actor, actor_opt = get_state_dict(self.actor, self.actor_opt)
+        state = {"actor": actor, "actor_opt": actor_opt}
+        if self.critic is not None:
+            state["critic"], state["critic_opt"] = get_state_dict(self.critic, self.critic_opt)
+        return state
+
+    def _rank_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """This rank's RNG tensors, and its collector and python/numpy RNG states (JSON-able)."""
+        tensors = {"rng/torch": torch.get_rng_state(), "rng/shuffle": self.shuffle.get_state()}
+        if torch.cuda.is_initialized():   # else no CUDA generator has drawn yet
+            tensors.update({f"rng/cuda/{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
+        py_version, py_state, py_gauss = random.getstate()
+        np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+        meta = {"collector": self.collector.state_dict(), "python_random": [py_version, list(py_state), py_gauss],
+                "numpy_random": [np_name, np_keys.tolist(), np_pos, np_has_gauss, np_gauss]}
+        return tensors, meta
+
+
+def collector_share(collector: Collector, saved: list[dict], ranks: Ranks) -> dict:
+    """This rank's collector state from every saved rank's: the env streams of all of them, in order,
+    cut into this rank's share (a fixed-turn collector); else the state of saved rank 0 (a group
+    collector's next seed, the same on every rank)."""
+    if "streams" not in saved[0]:
+        return saved[0]
+    streams = [stream for state in saved for stream in state["streams"]]
+    return {"streams": [streams[i] for i in ranks.share(len(streams))]}
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -257,11 +303,13 @@ class Checkpointer:
         self.save_every, self.last = cfg.save_every, cfg.iterations
 
     def iteration_done(self, iteration: int) -> None:
+        """Under torchrun a signal to any rank stops every rank at the same boundary."""
+        signum = self.state.ranks.max(self.signals.signum or 0)
         scheduled = self.save_every > 0 and iteration > 0 and iteration % self.save_every == 0
-        if scheduled or iteration == self.last or self.signals.signum is not None:
+        if scheduled or iteration == self.last or signum:
             self.state.save(self.run_dir, iteration)
-        if self.signals.signum is not None:
-            raise TrainingStopped(self.run_dir, iteration, self.signals.signum)
+        if signum:
+            raise TrainingStopped(self.run_dir, iteration, signum)
 
 
 @dataclass(frozen=True)
@@ -301,7 +349,7 @@ def prepare_resume(run_dir: Path, cfg: TrainConfig) -> ResumePoint:
         raise CheckpointError(f"{run_dir} has no complete checkpoint in {run_dir / CHECKPOINTS} (it stopped before "
                               "saving one)")
     folder = folders[-1]
-    missing = [name for name in ("config.json", "training_state.json", "training_state.safetensors")
+    missing = [name for name in (f"{DCP_FOLDER}/.metadata", "training_state.json", "training_state.safetensors")
                if not (folder / name).is_file()]
     if missing:
         raise CheckpointError(f"{folder} is incomplete: {', '.join(missing)} missing")
@@ -333,7 +381,6 @@ def keep_records_through(path: Path, iteration: int) -> None:
     write_text_atomic(path, "".join(kept))
 
 
-def reference_policy(cfg: TrainConfig, run_dir: Path, device: torch.device) -> torch.nn.Module:
-    """The run's frozen reference, reloaded: its initial policy (`init/` or `model.path`)."""
-    path = run_dir / "init" if cfg.model.path is None else cfg.model.path
-    return load_policy(str(path), device)[1].eval().requires_grad_(False)
+def initial_policy_path(cfg: TrainConfig, run_dir: Path) -> str:
+    """Where the run's initial policy (its reference) is: `init/` (tiny model) or `model.path`."""
+    return str(run_dir / "init") if cfg.model.path is None else cfg.model.path

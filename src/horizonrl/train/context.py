@@ -1,14 +1,21 @@
 """The run context: everything a training run builds once, before its first iteration.
 
-    policy (loaded, or tiny + warm start; resuming: the checkpoint's) -> frozen reference -> optimiser
-    -> engine (samples from the actor itself) -> collector (fixed-turn for ppo, episode or task groups
-    for the group algorithms) -> critic (ppo) -> metrics sinks -> checkpointer (restores a resumed run)
+    policy (loaded, or tiny + warm start; resuming: the checkpoint's) -> frozen reference -> engine
+    (samples from the actor itself) -> collector (fixed-turn for ppo, episode or task groups for the
+    group algorithms) -> critic (ppo) -> optimisers -> metrics sinks -> checkpointer (restores a
+    resumed run)
+
+Under torchrun every rank builds the same context: rank 0 makes the run folder and the tiny model
+(the others load it from init/), each rank's collector plays its share of the streams or tasks, the
+engine samples from a whole copy of the policy of its own, and actor, critic and reference are
+sharded with FSDP2 (learner/distributed.py) before the optimisers are built over the shards.
 
 The iteration functions (train/loop.py) read and change only what the context holds.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -19,15 +26,17 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from horizonrl import envs as env_registry
 from horizonrl.config import TrainConfig, dump
 from horizonrl.engines.base import TrainingEngine
-from horizonrl.learner.device import resolve_device
+from horizonrl.learner.device import autocast_dtype, resolve_device
+from horizonrl.learner.distributed import LOCAL, Ranks, shard
 from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, pad_token_id
+from horizonrl.learner.scoring import register_sharded_logprobs
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
 from horizonrl.report.sinks import MetricsSinks
 from horizonrl.rollout.collector import Collector
 from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
-from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, reference_policy,
+from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
                                         save_checkpoint)
 from horizonrl.train.tasks import build_tiny_for_task, task_collector, task_warm_start
 from horizonrl.train.warm_start import build_tiny_for_envs, format_warm_start
@@ -37,7 +46,7 @@ from horizonrl.train.warm_start import build_tiny_for_envs, format_warm_start
 class RunContext:
     """One training run's objects. `critic`, `critic_opt` and `critic_loss` exist for ppo only.
     `first_iteration` is where the run starts: 0 (the critic warmup), 1, or after a resumed checkpoint.
-    `rank` / `world_size`: this process among the run's processes (one process today)."""
+    `ranks`: this process among the run's processes (torchrun); `metrics` is None except on rank 0."""
 
     cfg: TrainConfig
     run_dir: Path
@@ -49,71 +58,101 @@ class RunContext:
     actor_loss: LossFn
     engine: TrainingEngine
     collector: Collector
-    metrics: MetricsSinks
+    metrics: MetricsSinks | None
     checkpointer: Checkpointer
     shuffle: torch.Generator          # mini-batch order
     first_iteration: int
     critic: ValueModel | None = None
     critic_opt: torch.optim.Optimizer | None = None
     critic_loss: LossFn | None = None
-    rank: int = 0
-    world_size: int = 1
+    ranks: Ranks = LOCAL
 
     @property
     def pad_id(self) -> int:
         return pad_token_id(self.tokenizer)
 
 
-def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: ResumePoint | None) -> RunContext:
+def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: ResumePoint | None,
+              ranks: Ranks = LOCAL, device: torch.device | None = None) -> RunContext:
     """Build the run's context: a new run folder, or the resumed run's with its checkpoint restored."""
-    device = resolve_device(cfg.device)
+    device = device or resolve_device(cfg.device)
     if resume is None:
-        tokenizer, actor = build_policy(cfg, device)
-        agent = make_agent(tokenizer, cfg.agent)
-        if cfg.model.path is None and cfg.model.warm_start:
-            if cfg.task is not None:
-                task_warm_start(actor, tokenizer, cfg)
-            else:
-                format_warm_start(actor, agent, envs, cfg.model.warm_start, cfg.seed)
-        run_dir = make_run_dir(cfg)
-        if cfg.model.path is None:
-            save_checkpoint(run_dir / "init", actor, tokenizer)
+        run_dir, tokenizer, actor = new_run(cfg, envs, ranks, device)
         reference = frozen_copy(actor)
-    else:
+    else:                                   # the initial policy; the checkpoint's weights come over it
         run_dir = resume.run_dir
-        tokenizer, actor = load_policy(str(resume.folder), device)
-        agent = make_agent(tokenizer, cfg.agent)
-        reference = reference_policy(cfg, run_dir, device)
+        tokenizer, actor = load_policy(initial_policy_path(cfg, run_dir), device)
+        reference = frozen_copy(actor)
+    agent = make_agent(tokenizer, cfg.agent)
     actor.eval()  # dropout off: the sampler and the learner compute the same function
+    sampled = engine_copy(actor, device) if ranks.distributed and cfg.rollout.engine == "hf" else actor
+    engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights")
+    params = sampling_params(cfg.rollout, tokenizer, actor, agent)
+    critic = critic_opt = critic_loss = None
+    if cfg.algorithm == "ppo":
+        streams = ranks.share(cfg.rollout.n_env)
+        collector = FixedTurnCollector(envs, agent, engine, params, cfg.ppo.e_len, cfg.seed, streams.start,
+                                       cfg.rollout.n_env)
+        critic = ValueModel.from_policy(actor).eval()
+    elif cfg.task is not None:
+        collector = task_collector(cfg, tokenizer, engine, params, ranks.share(cfg.group.n_tasks))
+    else:
+        collector = EpisodeGroupCollector(envs, cfg.env.ids[0], agent, engine, params, cfg.group.n_tasks,
+                                          cfg.group.group_size, cfg.group.max_turns,
+                                          load_reward_fn(cfg.group.reward_fn), cfg.seed,
+                                          ranks.share(cfg.group.n_tasks))
+    if ranks.distributed:
+        for model in (actor, reference, critic):
+            if model is not None:
+                shard(model, cfg.dist, ranks, device)
+        for policy in (actor, reference):
+            register_sharded_logprobs(policy)
     actor_opt = torch.optim.AdamW(actor.parameters(), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
     actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
                                cfg.actor.entropy_coef, cfg.actor.loss_agg, cfg.rollout.temperature,
                                cfg.actor.kl_loss_coef, cfg.actor.tis_cap)
-    shuffle = torch.Generator().manual_seed(cfg.seed)
-    engine = make_engine(actor, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights")
-    params = sampling_params(cfg.rollout, tokenizer, actor, agent)
-    critic = critic_opt = critic_loss = None
-    if cfg.algorithm == "ppo":
-        collector = FixedTurnCollector(envs, agent, engine, params, cfg.ppo.e_len, cfg.seed)
-        critic = ValueModel.from_policy(actor).eval()
+    if critic is not None:
         critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr, weight_decay=cfg.optim.weight_decay)
         critic_loss = critic_loss_fn(critic, cfg.critic.value_clip, cfg.critic.first_token_weight)
-    elif cfg.task is not None:
-        collector = task_collector(cfg, tokenizer, engine, params)
-    else:
-        collector = EpisodeGroupCollector(envs, cfg.env.ids[0], agent, engine, params, cfg.group.n_tasks,
-                                          cfg.group.group_size, cfg.group.max_turns,
-                                          load_reward_fn(cfg.group.reward_fn), cfg.seed)
-    state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, critic, critic_opt)
+    shuffle = torch.Generator().manual_seed(cfg.seed)
+    state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, critic, critic_opt, ranks)
     if resume is not None:
         first_iteration = state.restore(resume.folder) + 1
     else:
         warmup = cfg.algorithm == "ppo" and cfg.critic.warmup_batches > 0 and cfg.critic.warmup_iters > 0
         first_iteration = 0 if warmup else 1
-    metrics = MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json"), first_iteration)
+    metrics = MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json"), first_iteration) \
+        if ranks.is_main else None
     return RunContext(cfg, run_dir, device, tokenizer, actor, reference, actor_opt, actor_loss, engine, collector,
                       metrics, Checkpointer(run_dir, state, cfg, signals), shuffle, first_iteration,
-                      critic, critic_opt, critic_loss)
+                      critic, critic_opt, critic_loss, ranks)
+
+
+def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device
+            ) -> tuple[Path, PreTrainedTokenizerBase, PreTrainedModel]:
+    """(run folder, tokenizer, policy) of a new run: the policy from `model.path`, or a tiny model
+    (warm-started as the config says, on this rank's envs) saved in run_dir/init. Under torchrun rank 0
+    builds the policy and makes the folder; the other ranks load the policy from where it is."""
+    if ranks.is_main:
+        tokenizer, actor = build_policy(cfg, device)
+        if cfg.model.path is None and cfg.model.warm_start:
+            if cfg.task is not None:
+                task_warm_start(actor, tokenizer, cfg)
+            else:
+                format_warm_start(actor, make_agent(tokenizer, cfg.agent), envs, cfg.model.warm_start, cfg.seed)
+        run_dir = make_run_dir(cfg)
+        if cfg.model.path is None:
+            save_checkpoint(run_dir / "init", actor, tokenizer)
+    run_dir = ranks.broadcast(run_dir if ranks.is_main else None)
+    if not ranks.is_main:
+        tokenizer, actor = load_policy(cfg.model.path or str(run_dir / "init"), device)
+    return run_dir, tokenizer, actor
+
+
+def engine_copy(actor: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+    """The whole policy an engine of a sharded run samples from (bf16 on a GPU), refreshed after every
+    update from the shards (train/loop.sync_engine)."""
+    return copy.deepcopy(actor).to(autocast_dtype(device) or torch.float32).eval().requires_grad_(False)
 
 
 def build_policy(cfg: TrainConfig, device: torch.device) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:

@@ -23,8 +23,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from horizonrl.config import TrainConfig
+from horizonrl.config import ConfigError, TrainConfig
 from horizonrl.envs.pool import open_envs
+from horizonrl.learner.distributed import start_ranks, stop_ranks
+from horizonrl.learner.lora import merged_parameters
 from horizonrl.learner.update import Stats, minibatch_updates
 from horizonrl.records import Episode
 from horizonrl.report.html import write_report
@@ -42,26 +44,52 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
 
     `resume`: continue that run folder (`cfg`: its config, see checkpoint.resume_config) from its last
     checkpoint. A SIGINT or SIGTERM stops the run at the next iteration boundary with a checkpoint, and
-    TrainingStopped is raised once report.html is written."""
+    TrainingStopped is raised once report.html is written.
+
+    Launched by torchrun (WORLD_SIZE set), every rank runs this same function on its share of the
+    streams or tasks (see train/context.py); rank 0 alone writes the logs and the report."""
     check_sinks(cfg.report_to)
-    point = prepare_resume(resume, cfg) if resume is not None else None
-    torch.manual_seed(cfg.seed)
-    envs = [] if cfg.task is not None else open_envs(cfg.env.ids, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
-                                                     cfg.env.timeout_s)
+    ranks, device = start_ranks(cfg.dist, cfg.device)
     try:
-        with StopSignals() as signals:
-            ctx = start_run(cfg, envs, signals, point)
-            with ctx.metrics, contextlib.closing(ctx.engine):
-                run_iterations(ctx, progress)
-            save_checkpoint(ctx.run_dir / "checkpoint", ctx.actor, ctx.tokenizer, ctx.critic)
-    except TrainingStopped as stopped:
-        write_report(stopped.run_dir)
-        raise
+        check_world_size(cfg, ranks.world_size)
+        point = ranks.broadcast(prepare_resume(resume, cfg) if resume is not None and ranks.is_main else None)
+        torch.manual_seed(cfg.seed)
+        streams = ranks.share(cfg.rollout.n_env)
+        envs = [] if cfg.task is not None else open_envs(cfg.env.ids, cfg.env.kwargs, len(streams), cfg.env.workers,
+                                                         cfg.env.timeout_s, streams.start)
+        try:
+            with StopSignals() as signals:
+                ctx = start_run(cfg, envs, signals, point, ranks, device)
+                with ctx.metrics or contextlib.nullcontext(), contextlib.closing(ctx.engine):
+                    run_iterations(ctx, progress and ranks.is_main)
+                save_checkpoint(ctx.run_dir / "checkpoint", ctx.actor, ctx.tokenizer, ctx.critic, ranks)
+        except TrainingStopped as stopped:
+            if ranks.is_main:
+                write_report(stopped.run_dir)
+            raise
+        finally:
+            for env in envs:
+                env.close()
+        if ranks.is_main:
+            write_report(ctx.run_dir)
+        return ctx.run_dir
     finally:
-        for env in envs:
-            env.close()
-    write_report(ctx.run_dir)
-    return ctx.run_dir
+        stop_ranks(ranks)
+
+
+def check_world_size(cfg: TrainConfig, world_size: int) -> None:
+    """Every rank needs a share of the streams (and of the tasks), and mini-batches that split evenly."""
+    if world_size == 1:
+        return
+    shared = {"optim.mini_batch_size": cfg.optim.mini_batch_size}
+    if cfg.task is None:
+        shared["rollout.n_env"] = cfg.rollout.n_env
+    if cfg.algorithm != "ppo":
+        shared["group.n_tasks"] = cfg.group.n_tasks
+    for key, value in shared.items():
+        if value % world_size:
+            raise ConfigError(f"{key}: {value} is not a multiple of the {world_size} ranks (torchrun "
+                              "--nproc_per_node x nodes): each rank takes an equal share")
 
 
 def run_iterations(ctx: RunContext, progress: bool) -> None:
@@ -85,13 +113,13 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
     ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
     batch = score(ctx, episodes, ctx.critic)                    # logp_old, logp_ref, values_old per token
-    estimate_advantages(batch, cfg.ppo)                         # token rewards -> GAE -> advantages, returns
+    estimate_advantages(batch, cfg.ppo, ctx.ranks)              # token rewards -> GAE -> advantages, returns
     clock.lap("score")
     actor_stats, critic_stats = Stats(), Stats()
     minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, optim.epochs, ctx.shuffle,
                       [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, critic_stats),
-                       (ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)])
-    ctx.engine.sync_weights(ctx.actor)
+                       (ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)], ctx.ranks)
+    sync_engine(ctx)
     clock.lap("update")
     return log_iteration(ctx, i, "ppo", episodes, batch, clock.laps,
                          {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/")})
@@ -109,14 +137,15 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     clock.lap("rollout")
     kept = [e for e in episodes if "error" not in e.metrics]
     batch = score(ctx, kept, critic=None)                       # logp_old, logp_ref per token
-    group_advantages_to_tokens(batch, cfg.algorithm)            # outcome reward -> group advantage per token
+    group_advantages_to_tokens(batch, cfg.algorithm, ctx.ranks)  # outcome reward -> group advantage per token
     clock.lap("score")
     actor_stats = Stats()
     minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, optim.epochs, ctx.shuffle,
-                      [(ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)])
-    ctx.engine.sync_weights(ctx.actor)
+                      [(ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)], ctx.ranks)
+    sync_engine(ctx)
     clock.lap("update")
-    outcome = sum(e.outcome_reward for e in kept) / max(len(kept), 1)
+    outcome_sum, n_kept = ctx.ranks.sum([sum(e.outcome_reward for e in kept), len(kept)])
+    outcome = outcome_sum / max(n_kept, 1)
     return log_iteration(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
                          {**actor_stats.means("train/actor/"), "train/outcome_reward_mean": outcome})
 
@@ -131,8 +160,8 @@ def critic_warmup_iteration(ctx: RunContext) -> dict:
         errors += len(ctx.collector.errors)
     stats = critic_warmup(ctx, batches)
     clock.lap("warmup")
-    record = {"iteration": 0, "phase": "critic_warmup", "env/errors": errors,
-              **episode_metrics([e for b in batches for e in b.episodes]), **stats, **clock.laps}
+    record = {"iteration": 0, "phase": "critic_warmup", "env/errors": int(ctx.ranks.sum([errors])[0]),
+              **episode_metrics(everyones(ctx, [e for b in batches for e in b.episodes])), **stats, **clock.laps}
     return write_records(ctx, record, batches[-1])
 
 
@@ -141,17 +170,30 @@ def score(ctx: RunContext, episodes: list[Episode], critic) -> PPOBatch:
     and `critic` (None: no values)."""
     cfg = ctx.cfg
     return prepare(episodes, ctx.actor, ctx.reference, critic, ctx.pad_id, cfg.optim.micro_batch_budget,
-                   cfg.rollout.temperature, ctx.device, tokenizer=ctx.tokenizer, **cfg.sample_options(ctx.run_dir))
+                   cfg.rollout.temperature, ctx.device, tokenizer=ctx.tokenizer, ranks=ctx.ranks,
+                   **cfg.sample_options(ctx.run_dir))
+
+
+def sync_engine(ctx: RunContext) -> None:
+    """The engine samples from the updated actor: its own module, or a copy refreshed one whole
+    tensor at a time from the actor's shards (every rank gathers, in the same order)."""
+    ctx.engine.sync_weights(ctx.actor, merged_parameters(ctx.actor))
+
+
+def everyones(ctx: RunContext, episodes: list[Episode]) -> list[Episode]:
+    """Every rank's `episodes`, rank by rank (this process's alone outside torchrun)."""
+    return [e for share in ctx.ranks.gather(episodes) for e in share]
 
 
 def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], batch: PPOBatch,
                   timings: dict[str, float], update_stats: dict[str, float]) -> dict:
     """The iteration's record: env statistics of every collected episode, the update's statistics,
     the batch's (data, KL, critic fit, sampler consistency), throughput and timings."""
-    generated = sum(len(t.response_ids) for e in batch.episodes for t in e.turns)
-    trained = float(batch.data["attention_mask"].sum())
-    record = {"iteration": i, "phase": phase, "env/errors": len(ctx.collector.errors),
-              **episode_metrics(episodes), **update_stats, **batch_metrics(batch, ctx.cfg.actor.tis_cap),
+    generated, trained, errors = ctx.ranks.sum([sum(len(t.response_ids) for e in batch.episodes for t in e.turns),
+                                                float(batch.data["attention_mask"].sum()), len(ctx.collector.errors)])
+    record = {"iteration": i, "phase": phase, "env/errors": int(errors),
+              **episode_metrics(everyones(ctx, episodes)), **update_stats,
+              **batch_metrics(batch, ctx.cfg.actor.tis_cap, ctx.ranks),
               "perf/rollout_tokens_per_s": generated / timings["timing/rollout_s"],
               "perf/train_tokens_per_s": trained / (timings["timing/score_s"] + timings["timing/update_s"]),
               **timings}
@@ -159,7 +201,9 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
 
 
 def write_records(ctx: RunContext, record: dict, batch: PPOBatch) -> dict:
-    """`record` to every metrics sink, two sample episodes of `batch` to trajectories.jsonl."""
+    """`record` to every metrics sink, two sample episodes of `batch` to trajectories.jsonl (rank 0's)."""
+    if not ctx.ranks.is_main:
+        return record
     ctx.metrics.write(record)
     write_trajectories(ctx.run_dir, trajectory_records(record["iteration"], batch.episodes, batch.samples,
                                                        batch.data["advantages"], ctx.tokenizer))

@@ -42,9 +42,11 @@ def make_agent_loop(cfg: TrainConfig, tokenizer, engine: Engine, params: Samplin
                      task.tool_timeout_s, task.max_tool_response_tokens)
 
 
-def task_collector(cfg: TrainConfig, tokenizer, engine: Engine, params: SamplingParams) -> TaskGroupCollector:
+def task_collector(cfg: TrainConfig, tokenizer, engine: Engine, params: SamplingParams,
+                   share: range | None = None) -> TaskGroupCollector:
     return TaskGroupCollector(make_agent_loop(cfg, tokenizer, engine, params), import_target(cfg.task.source),
-                              cfg.group.n_tasks, cfg.group.group_size, load_reward_fn(cfg.group.reward_fn), cfg.seed)
+                              cfg.group.n_tasks, cfg.group.group_size, load_reward_fn(cfg.group.reward_fn), cfg.seed,
+                              share)
 
 
 def demo_tasks(cfg: TrainConfig, n_tasks: int) -> list[Task]:

@@ -23,16 +23,19 @@ def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
     cfg, optim, stats = ctx.cfg, ctx.cfg.optim, Stats()
     for _ in range(cfg.critic.warmup_iters):
         for batch in batches:
-            refresh_values(batch, ctx.critic, ctx.pad_id, optim.micro_batch_budget)
-            estimate_advantages(batch, cfg.ppo)
+            refresh_values(batch, ctx.critic, ctx.pad_id, optim.micro_batch_budget, ctx.ranks)
+            estimate_advantages(batch, cfg.ppo, ctx.ranks)
             minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, 1, ctx.shuffle,
-                              [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, stats)])
+                              [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, stats)], ctx.ranks)
     for batch in batches:
-        refresh_values(batch, ctx.critic, ctx.pad_id, optim.micro_batch_budget)
-        estimate_advantages(batch, cfg.ppo)
+        refresh_values(batch, ctx.critic, ctx.pad_id, optim.micro_batch_budget, ctx.ranks)
+        estimate_advantages(batch, cfg.ppo, ctx.ranks)
     metrics = stats.means("train/critic/")
-    metrics["train/critic/explained_variance"] = explained_variance(
-        torch.cat([b.index.to_turns(b.data["values_old"]).flatten() for b in batches]),
-        torch.cat([b.index.to_turns(b.data["returns"]).flatten() for b in batches]),
-        torch.cat([b.index.mask.flatten() for b in batches]))
+
+    def every_rank(key: str) -> torch.Tensor:      # the sampled tokens' `key` of every batch on every rank
+        mine = torch.cat([b.data[key][b.data["loss_mask"].bool()].cpu() for b in batches])
+        return torch.cat(ctx.ranks.gather(mine))
+
+    values, returns = every_rank("values_old"), every_rank("returns")
+    metrics["train/critic/explained_variance"] = explained_variance(values, returns, torch.ones_like(values))
     return metrics

@@ -1,0 +1,133 @@
+"""Low-rank adapters (PEFT LoRA) on the actor and the critic: the base weights stay frozen, only the
+adapters (and the critic's value head) train.
+
+The reference policy of a LoRA run is the actor inside `adapters_disabled`, not a second copy of the
+weights. The inference engine gets `merged_parameters` (the base model's names, W + alpha/r * B @ A),
+a checkpoint holds only the adapters (`save_adapters` / `load_adapters`), and `merge_for_export`
+turns the actor back into a plain transformers model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import Linear as LoraLinear
+from peft.tuners.lora import LoraLayer
+from torch import Tensor, nn
+
+from horizonrl.config import LoRAConfig
+from horizonrl.learner.distributed import full_tensor
+
+
+def peft_config(lora: LoRAConfig, task_type: str | None = None) -> LoraConfig:
+    """PEFT's LoraConfig for `lora` (the update of a targeted linear layer is alpha / r * B @ A)."""
+    return LoraConfig(task_type=task_type, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=lora.target_modules)
+
+
+def add_lora(model: nn.Module, lora: LoRAConfig) -> PeftModel:
+    """The causal LM `model` with adapters injected in place (B = 0: same outputs as before), wrapped
+    in a PeftModel; only the adapter parameters require grad."""
+    return get_peft_model(model, peft_config(lora, task_type="CAUSAL_LM"))
+
+
+def add_critic_lora(critic: nn.Module, lora: LoRAConfig) -> nn.Module:
+    """`critic` (a learner.models.ValueModel) with its backbone wrapped in a PeftModel with adapters
+    (B = 0: same values as before); only the adapters and the value head require grad. Returns the
+    critic, changed in place; its forward is unchanged."""
+    critic.backbone = get_peft_model(critic.backbone, peft_config(lora))
+    critic.value_head.requires_grad_(True)
+    return critic
+
+
+def is_peft(model: nn.Module) -> bool:
+    return isinstance(model, PeftModel)
+
+
+def adapters_disabled(model: nn.Module):
+    """A context in which a PEFT model computes its base model's function (the reference policy of a
+    LoRA run); for a plain model, a context that changes nothing."""
+    return model.disable_adapter() if is_peft(model) else contextlib.nullcontext()
+
+
+def lm_body(policy: nn.Module) -> nn.Module:
+    """The transformer body of a causal LM (e.g. LlamaModel: forward returns last_hidden_state), plain
+    or PEFT-wrapped; a PEFT model's adapters are injected in place, so they act in the body too."""
+    causal_lm = policy.get_base_model() if is_peft(policy) else policy
+    return causal_lm.base_model
+
+
+def merged_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) for every entry of the base model's state dict, named as a plain causal LM of the
+    same config names it (tied weights under both names, as state_dict does), in state-dict order.
+
+    Each tensor is whole (a DTensor is gathered with full_tensor, a collective: every rank iterates
+    in the same order) and detached; a LoRA-adapted weight is W + scaling * B @ A summed over the
+    active adapters, whether or not they are disabled at the time. Tensors are made one at a time;
+    an unsharded, unadapted entry is the live parameter itself (read it, do not write it). A plain
+    model yields its own state dict.
+    """
+    base = model.get_base_model() if is_peft(model) else model
+    layers = {path: module for path, module in base.named_modules() if isinstance(module, LoraLayer)}
+    for path, layer in layers.items():
+        if not isinstance(layer, LoraLinear) or layer.lora_variant or any(layer.lora_bias.values()):
+            raise ValueError(f"{path}: merged_parameters merges plain LoRA on linear layers only, "
+                             f"not {type(layer).__name__} (DoRA, LoRA bias, embeddings)")
+    for key, value in base.state_dict(keep_vars=True).items():
+        owner = _lora_owner(key, layers)
+        if owner is None:
+            yield key, full_tensor(value).detach()
+        elif key.startswith(f"{owner}.base_layer."):
+            leaf = key.removeprefix(f"{owner}.base_layer.")
+            tensor = full_tensor(value).detach()
+            if leaf == "weight":
+                tensor = tensor + _delta_weight(layers[owner]).to(tensor.dtype)
+            yield f"{owner}.{leaf}", tensor
+        # else: an adapter's own tensor (lora_A, lora_B), merged into its layer's weight above
+
+
+def _lora_owner(key: str, layers: dict[str, LoraLayer]) -> str | None:
+    """The path of the LoRA layer that holds state-dict entry `key`, or None."""
+    parts = key.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        path = ".".join(parts[:end])
+        if path in layers:
+            return path
+    return None
+
+
+def _delta_weight(layer: LoraLinear) -> Tensor:
+    """Sum over the layer's active adapters of scaling * B @ A (transposed for fan_in_fan_out), as
+    peft's own get_delta_weight computes it, from whole tensors."""
+    delta = 0
+    for adapter in layer.active_adapters:
+        if adapter in layer.lora_A:
+            b = full_tensor(layer.lora_B[adapter].weight).detach()
+            a = full_tensor(layer.lora_A[adapter].weight).detach()
+            update = (b @ a) * layer.scaling[adapter]
+            delta = delta + (update.T if layer.fan_in_fan_out else update)
+    return delta
+
+
+def save_adapters(model: PeftModel, folder: str | Path, is_main: bool = True) -> None:
+    """The adapters of `model` (adapter_model.safetensors + adapter_config.json) into `folder`; never
+    the base weights. Every rank of a sharded model calls it (adapter DTensors are gathered, a
+    collective); only the rank with `is_main` writes."""
+    adapters = {key: full_tensor(value).detach() for key, value in model.state_dict(keep_vars=True).items()
+                if "lora_" in key}                 # peft's own test for a LoRA entry (get_peft_model_state_dict)
+    model.save_pretrained(str(folder), state_dict=adapters, save_embedding_layers=False, is_main_process=is_main)
+
+
+def load_adapters(model: nn.Module, folder: str | Path) -> PeftModel:
+    """The plain `model` (the same base weights the adapters were trained on) with the adapters saved
+    in `folder` injected in place, trainable as after add_lora."""
+    return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+
+
+def merge_for_export(model: nn.Module) -> nn.Module:
+    """A plain transformers model whose weights have the adapters merged in (ready for save_pretrained):
+    the base model of a PEFT `model`, merged in place (do not use `model` after); a plain model as is."""
+    return model.merge_and_unload() if is_peft(model) else model

@@ -1,0 +1,34 @@
+"""Launch a command on N ranks with torchrun (gloo, on the CPU) for the distributed tests.
+
+FSDP2 on gloo aborts transiently in about one launch in four on this kind of machine (torch 2.13): a
+failed launch is retried once, and every retry is reported on stderr and appended to
+`RETRY_LOG`, so that how often it happens stays visible."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RETRY_LOG = Path(__file__).resolve().parents[2] / "runs" / "torchrun_retries.log"
+
+
+def torchrun(nproc: int, args: list[str], timeout_s: float = 600, retries: int = 1, cwd: Path | None = None,
+             expect_failure: bool = False) -> subprocess.CompletedProcess:
+    """`python -m torch.distributed.run --nproc_per_node nproc --standalone ARGS`; its completed process.
+    A launch that fails is retried `retries` times (not when a failure is what the test expects)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    for attempt in range(retries + 1):
+        started = time.monotonic()
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd)
+        if done.returncode == 0 or expect_failure or attempt == retries:
+            return done
+        RETRY_LOG.parent.mkdir(parents=True, exist_ok=True)
+        with RETRY_LOG.open("a") as log:
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} retry after exit {done.returncode} "
+                      f"({time.monotonic() - started:.0f} s): {' '.join(args)}\n")
+        print(f"torchrun failed (exit {done.returncode}), retrying once:\n{done.stderr[-3000:]}", file=sys.stderr)
+    return done

@@ -1,0 +1,64 @@
+"""One update on 2 ranks (torchrun, gloo, FSDP2) equals one update in 1 process on the same global
+batch, for PPO and GRPO, sharded and replicated (tests/distributed/one_update.py plays the batch)."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from horizonrl.train.checkpoint import save_checkpoint
+from launch import torchrun
+
+HERE = Path(__file__).parent
+TOY = HERE.parents[1] / "configs" / "toy.yaml"
+SETTINGS = {
+    "ppo": ["critic.warmup_batches=0", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=16",
+            "optim.micro_batch_size=3", "optim.epochs=1"],
+    "grpo": ["algorithm=grpo", "group.n_tasks=2", "group.group_size=4", "group.max_turns=5", "rollout.n_env=4",
+             "optim.mini_batch_size=1024", "optim.max_tokens_per_micro_batch=400", "optim.epochs=1"],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory, river_tiny):
+    folder = tmp_path_factory.mktemp("model") / "tiny"
+    save_checkpoint(folder, river_tiny[1], river_tiny[0])
+    return folder
+
+
+def one_update(tmp_path: Path, nproc: int, overrides: list[str]) -> tuple[dict, dict]:
+    """(the actor's weights after the update, the iteration's metrics record)."""
+    out = tmp_path / f"weights_{nproc}.safetensors"
+    args = [str(HERE / "one_update.py"), str(TOY), str(out), *overrides, f"output_dir={tmp_path / 'runs'}"]
+    if nproc == 1:
+        done = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600)
+    else:
+        done = torchrun(nproc, args)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return load_file(str(out)), json.loads(out.with_suffix(".json").read_text())
+
+
+@pytest.mark.parametrize("algorithm,shard", [("ppo", True), ("grpo", True), ("ppo", False)],
+                         ids=["ppo-fsdp", "grpo-fsdp", "ppo-replicated"])
+def test_two_ranks_update_like_one_process(algorithm, shard, tmp_path, tiny_folder, river_tiny):
+    overrides = [*SETTINGS[algorithm], f"model.path={tiny_folder}", "model.warm_start=null", "actor.lr=1e-3",
+                 f"dist.shard={str(shard).lower()}"]
+    (one, record_one), (two, record_two) = one_update(tmp_path, 1, overrides), one_update(tmp_path, 2, overrides)
+    before = {k: v for k, v in river_tiny[1].state_dict().items() if k in one}
+    assert one.keys() == two.keys() == before.keys()
+    moved = max(float((one[k] - before[k]).abs().max()) for k in one)
+    diff = max(float((one[k] - two[k]).abs().max()) for k in one)
+    print(f"{algorithm} shard={shard}: max |w_1 - w_0| = {moved:.3g}, max |w_2ranks - w_1proc| = {diff:.3g}")
+    assert moved > 1e-4            # the update did something
+    assert diff <= 1e-5
+    # Adam hides a uniform gradient scale in the weights: the gradient norm and the loss do not, and
+    # every other statistic of the iteration is over the global batch too
+    compared = [k for k, v in record_one.items() if isinstance(v, (int, float)) and not k.startswith(("timing/", "perf/"))]
+    assert "train/actor/grad_norm" in compared and "env/success_rate" in compared
+    for key in compared:
+        a, b = record_one[key], record_two[key]
+        assert (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), (key, a, b)

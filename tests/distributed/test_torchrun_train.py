@@ -1,0 +1,105 @@
+"""`torchrun --nproc_per_node 2 -m horizonrl train` end to end on the CPU (gloo, FSDP2): a short run,
+resume at the same and at another world size, and a rank killed mid-run."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from horizonrl.report.metrics import read_metrics
+from horizonrl.train.checkpoint import save_checkpoint
+from launch import torchrun
+
+TOY = Path(__file__).parents[2] / "configs" / "toy.yaml"
+SMALL = ["rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.epochs=1", "critic.warmup_batches=1",
+         "critic.warmup_iters=1", "model.warm_start=null", "save_every=1", "actor.lr=1e-3"]
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory, river_tiny):
+    folder = tmp_path_factory.mktemp("model") / "tiny"
+    save_checkpoint(folder, river_tiny[1], river_tiny[0])
+    return folder
+
+
+def train(nproc: int, args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    command = ["-m", "horizonrl", "train", *args, "--quiet"]
+    if nproc == 1:
+        return subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=600)
+    return torchrun(nproc, command, **kwargs)
+
+
+def run_folder(output_dir: Path) -> Path:
+    (folder,) = output_dir.iterdir()
+    return folder
+
+
+def final_weights(run: Path) -> dict:
+    return load_file(str(run / "checkpoint" / "model.safetensors"))
+
+
+def test_two_ranks_train_and_resume_like_a_straight_run(tmp_path, tiny_folder):
+    config = [str(TOY), *SMALL, f"model.path={tiny_folder}"]
+    straight = train(2, [*config, "iterations=2", f"output_dir={tmp_path / 'straight'}"])
+    assert straight.returncode == 0, straight.stderr[-4000:]
+    run = run_folder(tmp_path / "straight")
+    assert [r["iteration"] for r in read_metrics(run / "metrics.jsonl")] == [0, 1, 2]
+    assert read_metrics(run / "metrics.jsonl")[-1]["env/turns"] == 16      # both ranks' streams
+
+    first = train(2, [*config, "iterations=1", f"output_dir={tmp_path / 'resumed'}"])
+    assert first.returncode == 0, first.stderr[-4000:]
+    resumed_run = run_folder(tmp_path / "resumed")
+    resumed = train(2, ["--resume", str(resumed_run), "iterations=2"])
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    straight_weights, resumed_weights = final_weights(run), final_weights(resumed_run)
+    assert all((straight_weights[k] == resumed_weights[k]).all() for k in straight_weights)
+    assert read_metrics(run / "metrics.jsonl") [-1]["train/actor/loss"] == \
+        read_metrics(resumed_run / "metrics.jsonl")[-1]["train/actor/loss"]
+
+
+@pytest.mark.parametrize("saved,resumed", [(2, 1), (1, 2)], ids=["2to1", "1to2"])
+def test_resume_at_another_world_size_continues(saved, resumed, tmp_path, tiny_folder):
+    first = train(saved, [str(TOY), *SMALL, f"model.path={tiny_folder}", "iterations=1",
+                          f"output_dir={tmp_path}"])
+    assert first.returncode == 0, first.stderr[-4000:]
+    run = run_folder(tmp_path)
+    done = train(resumed, ["--resume", str(run), "iterations=3"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    assert all(r["env/turns"] == 16 for r in records[1:])        # every stream still plays
+    assert all(abs(r["train/actor/loss"]) < 10 for r in records[1:])
+
+
+def test_a_killed_rank_ends_the_job_and_leaves_the_last_checkpoint(tmp_path, tiny_folder):
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "-m",
+               "horizonrl", "train", str(TOY), *SMALL, f"model.path={tiny_folder}", "iterations=50",
+               "dist.timeout_s=60", f"output_dir={tmp_path}", "--quiet"]
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list(tmp_path.glob("*/checkpoints/iter_000002")):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.5)
+        workers = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+        (rank1,) = [int(pid) for pid in workers if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
+        os.kill(rank1, signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0
+    assert time.monotonic() - killed < 60 + 10                         # within the process group timeout
+    assert "rank      : 1" in stderr and "SIGKILL" in stderr, stderr[-3000:]
+    run = run_folder(tmp_path)
+    (last,) = sorted((run / "checkpoints").glob("iter_*"))
+    assert (last / "dcp" / ".metadata").is_file() and (last / "training_state.json").is_file()
+    resumed = train(2, ["--resume", str(run), f"iterations={int(last.name[5:]) + 1}"])
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
