@@ -103,3 +103,10 @@ def test_a_killed_rank_ends_the_job_and_leaves_the_last_checkpoint(tmp_path, tin
     assert (last / "dcp" / ".metadata").is_file() and (last / "training_state.json").is_file()
     resumed = train(2, ["--resume", str(run), f"iterations={int(last.name[5:]) + 1}"])
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+
+
+def test_a_batch_that_does_not_split_over_the_ranks_is_a_config_error(tmp_path, tiny_folder):
+    done = torchrun(2, ["-m", "horizonrl", "train", str(TOY), *SMALL, "rollout.n_env=3", "optim.mini_batch_size=6",
+                        f"model.path={tiny_folder}", f"output_dir={tmp_path}"], expect_failure=True)
+    assert done.returncode != 0
+    assert "rollout.n_env: 3 is not a multiple of the 2 ranks" in done.stderr

@@ -49,6 +49,9 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
     Launched by torchrun (WORLD_SIZE set), every rank runs this same function on its share of the
     streams or tasks (see train/context.py); rank 0 alone writes the logs and the report."""
     check_sinks(cfg.report_to)
+    if cfg.model.lora is not None:
+        raise ConfigError("model.lora: training with adapters is not wired into the trainer yet (horizonrl plan "
+                          "reads it; learner/lora.py has the pieces); remove it to train every weight")
     ranks, device = start_ranks(cfg.dist, cfg.device)
     try:
         check_world_size(cfg, ranks.world_size)
@@ -81,6 +84,9 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
     """Every rank needs a share of the streams (and of the tasks), and mini-batches that split evenly."""
     if world_size == 1:
         return
+    if cfg.rollout.engine == "openai":
+        raise ConfigError("rollout.engine: openai under torchrun would have every rank reload one server's "
+                          "weights; use hf or vllm (an engine per rank)")
     shared = {"optim.mini_batch_size": cfg.optim.mini_batch_size}
     if cfg.task is None:
         shared["rollout.n_env"] = cfg.rollout.n_env
