@@ -9,6 +9,8 @@
     horizonrl view RUN                          (re)write RUN/report.html (curves, sample trajectories)
     horizonrl eval RUN_OR_CHECKPOINT [key=value ...] [--episodes N] [--env ID ...] [--max-steps K] [--seed S] [--mode M]
                                                 whole episodes on held-out seeds, greedy and sampled
+    horizonrl plan CONFIG [key=value ...] --gpus G [--gpu-memory-gb 80] [--seq-len S] [--json]
+                                                per-GPU memory of a run from config.json alone, and what makes it fit
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
     eval_cmd.add_argument("engine_settings", nargs="*", metavar="key=value",
                           help="the engine that samples (right after the target): rollout.engine=hf|vllm|openai, "
                                "rollout.vllm.*, rollout.openai.*")
+    plan_cmd = commands.add_parser("plan", help="per-GPU memory of a training run from the model's config.json "
+                                                "alone, whether it fits, and else the smallest change that fits")
+    plan_cmd.add_argument("config", metavar="CONFIG", help="a recipe YAML")
+    plan_cmd.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides (right after CONFIG)")
+    plan_cmd.add_argument("--gpus", type=int, required=True, help="GPUs, one torchrun rank each")
+    plan_cmd.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of each GPU in GiB")
+    plan_cmd.add_argument("--seq-len", type=int, help="tokens per row (default: estimated, see horizonrl.plan)")
+    plan_cmd.add_argument("--json", action="store_true", help="print one JSON object (bytes)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train" and args.quiet:
@@ -133,6 +143,19 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(format_table(results))
         print(f"results: {path}")
+    elif args.command == "plan":
+        import dataclasses
+        import json
+
+        from horizonrl.plan import format_plan, plan
+
+        try:
+            result = plan(load_config(args.config, args.overrides), args.gpus, args.gpu_memory_gb, args.seq_len,
+                          args.config)
+        except ValueError as error:   # a config error (ConfigError), a model the planner does not know
+            print(f"horizonrl: {error}", file=sys.stderr)
+            return 2
+        print(json.dumps(dataclasses.asdict(result)) if args.json else format_plan(result))
     return 0
 
 

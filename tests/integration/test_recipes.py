@@ -2,6 +2,7 @@
 tiny model (random weights, a tokenizer trained on River's text) standing in for its hub model; the
 tool-use recipe runs one GRPO iteration end to end with its own tiny model."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,10 @@ def raw(recipe: Path) -> dict:
     return yaml.safe_load(recipe.read_text()) or {}
 
 
+TRAIN_COMMAND = r"# (torchrun --nproc_per_node \d+ -m )?horizonrl train configs/{name}"   # a recipe's first line
 RECIPES = sorted(r for r in CONFIGS.glob("*.yaml")   # train recipes of an env (not sft, not a task)
-                 if r.read_text().startswith("# horizonrl train") and raw(r).get("task") is None)
+                 if re.fullmatch(TRAIN_COMMAND.format(name=re.escape(r.name)), r.read_text().splitlines()[0])
+                 and raw(r).get("task") is None)
 SMALL = ["model.warm_start=null", "iterations=1", "rollout.n_env=2", "ppo.e_len=2", "rollout.max_tokens=16",
         "optim.mini_batch_size=4", "optim.micro_batch_size=4", "critic.warmup_batches=1", "critic.warmup_iters=1",
         "device=cpu"]
@@ -31,7 +34,7 @@ SMALL = ["model.warm_start=null", "iterations=1", "rollout.n_env=2", "ppo.e_len=
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
 def test_recipe_runs_one_iteration_on_cpu(recipe, tmp_path, river_tiny):
     first_line = recipe.read_text().splitlines()[0]
-    assert first_line == f"# horizonrl train configs/{recipe.name}"
+    assert re.fullmatch(TRAIN_COMMAND.format(name=re.escape(recipe.name)), first_line)
     env_id = raw(recipe).get("env", {}).get("id", "river")
     for one in [env_id] if isinstance(env_id, str) else env_id:
         skip_unless_installed(one)                # only a missing optional package skips; all else fails
@@ -47,7 +50,8 @@ def test_every_recipe_is_a_train_or_sft_recipe_and_says_so_first():
     """A recipe's first line is the command that runs it (the sft recipe: `horizonrl sft`)."""
     for recipe in CONFIGS.glob("*.yaml"):
         command = recipe.read_text().splitlines()[0]
-        assert command in (f"# horizonrl train configs/{recipe.name}", f"# horizonrl sft configs/{recipe.name}")
+        assert (re.fullmatch(TRAIN_COMMAND.format(name=re.escape(recipe.name)), command)
+                or command == f"# horizonrl sft configs/{recipe.name}")
     assert load_config(CONFIGS / "babyai_tiny_sft.yaml").sft.episodes > 0
 
 
@@ -61,3 +65,18 @@ def test_tool_use_recipe_trains_on_merged_agent_loop_episodes(tmp_path):
     assert record["data/merge/rows"] == 8 and record["data/merge/merged"] == record["data/merge/turns"] - 8
     assert record["data/merge/split_template"] == record["data/merge/split_other"] == 0
     assert record["rollout/tool_calls"] > 0 and "train/actor/pg_loss" in record
+
+
+GPU_RECIPES = [r for r in RECIPES if r.read_text().startswith("# torchrun")]
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES, ids=[r.stem for r in GPU_RECIPES])
+def test_gpu_recipe_fits_the_gpus_its_first_line_names(recipe):
+    from horizonrl.plan import plan
+
+    gpus = int(re.search(r"--nproc_per_node (\d+)", recipe.read_text().splitlines()[0]).group(1))
+    env_id = raw(recipe)["env"]["id"]
+    for one in [env_id] if isinstance(env_id, str) else env_id:
+        skip_unless_installed(one)
+    result = plan(load_config(recipe), gpus)     # the hub model's config.json, or the copy shipped offline
+    assert result.fits, result
