@@ -26,7 +26,8 @@ from horizonrl.config import load_config
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine, scripted_generation
 from horizonrl.envs.pool import open_envs
-from horizonrl.learner.distributed import full_state_dict, start_ranks, stop_ranks
+from horizonrl.learner.distributed import start_ranks, stop_ranks
+from horizonrl.learner.lora import merged_parameters
 from horizonrl.train.checkpoint import StopSignals
 from horizonrl.train.context import start_run
 from horizonrl.train.loop import group_iteration, ppo_iteration
@@ -54,7 +55,7 @@ def main(config: str, out: str, overrides: list[str]) -> None:
         ctx = start_run(cfg, envs, signals, None, ranks, device)
     ctx.collector.engine = HashedPolicy(ctx.tokenizer, list(envs[0].actions))
     record = (ppo_iteration if cfg.algorithm == "ppo" else group_iteration)(ctx, 1)
-    state = full_state_dict(ctx.actor, ranks)
+    state = {name: tensor.clone() for name, tensor in merged_parameters(ctx.actor)}   # adapters merged
     if ranks.is_main:
         save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight"}, out)
         Path(out).with_suffix(".json").write_text(json.dumps(record))

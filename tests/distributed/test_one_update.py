@@ -1,5 +1,6 @@
 """One update on 2 ranks (torchrun, gloo, FSDP2) equals one update in 1 process on the same global
-batch, for PPO and GRPO, sharded and replicated (tests/distributed/one_update.py plays the batch)."""
+batch, for PPO and GRPO, sharded and replicated, with and without LoRA (tests/distributed/one_update.py
+plays the batch; LoRA weights are compared merged)."""
 
 import json
 import math
@@ -42,17 +43,19 @@ def one_update(tmp_path: Path, nproc: int, overrides: list[str]) -> tuple[dict, 
     return load_file(str(out)), json.loads(out.with_suffix(".json").read_text())
 
 
-@pytest.mark.parametrize("algorithm,shard", [("ppo", True), ("grpo", True), ("ppo", False)],
-                         ids=["ppo-fsdp", "grpo-fsdp", "ppo-replicated"])
-def test_two_ranks_update_like_one_process(algorithm, shard, tmp_path, tiny_folder, river_tiny):
+@pytest.mark.parametrize("algorithm,shard,lora", [("ppo", True, False), ("grpo", True, False), ("ppo", False, False),
+                                                  ("ppo", True, True), ("grpo", True, True)],
+                         ids=["ppo-fsdp", "grpo-fsdp", "ppo-replicated", "ppo-fsdp-lora", "grpo-fsdp-lora"])
+def test_two_ranks_update_like_one_process(algorithm, shard, lora, tmp_path, tiny_folder, river_tiny):
     overrides = [*SETTINGS[algorithm], f"model.path={tiny_folder}", "model.warm_start=null", "actor.lr=1e-3",
-                 f"dist.shard={str(shard).lower()}"]
+                 f"dist.shard={str(shard).lower()}", *(["model.lora={r: 4, alpha: 8}"] if lora else [])]
     (one, record_one), (two, record_two) = one_update(tmp_path, 1, overrides), one_update(tmp_path, 2, overrides)
     before = {k: v for k, v in river_tiny[1].state_dict().items() if k in one}
     assert one.keys() == two.keys() == before.keys()
     moved = max(float((one[k] - before[k]).abs().max()) for k in one)
     diff = max(float((one[k] - two[k]).abs().max()) for k in one)
-    print(f"{algorithm} shard={shard}: max |w_1 - w_0| = {moved:.3g}, max |w_2ranks - w_1proc| = {diff:.3g}")
+    print(f"{algorithm} shard={shard} lora={lora}: max |w_1 - w_0| = {moved:.3g}, "
+          f"max |w_2ranks - w_1proc| = {diff:.3g}")
     assert moved > 1e-4            # the update did something
     assert diff <= 1e-5
     # Adam hides a uniform gradient scale in the weights: the gradient norm and the loss do not, and

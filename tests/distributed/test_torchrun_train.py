@@ -110,3 +110,12 @@ def test_a_batch_that_does_not_split_over_the_ranks_is_a_config_error(tmp_path, 
                         f"model.path={tiny_folder}", f"output_dir={tmp_path}"], expect_failure=True)
     assert done.returncode != 0
     assert "rollout.n_env: 3 is not a multiple of the 2 ranks" in done.stderr
+
+
+def test_lora_with_mixed_precision_and_checkpointing_trains_on_two_ranks(tmp_path, tiny_folder):
+    done = train(2, [str(TOY), *SMALL, f"model.path={tiny_folder}", "iterations=1", "model.lora={r: 4}",
+                     "dist.mixed_precision=true", "dist.activation_checkpointing=true", f"output_dir={tmp_path}"])
+    assert done.returncode == 0, done.stderr[-4000:]
+    record = read_metrics(run_folder(tmp_path) / "metrics.jsonl")[-1]
+    assert record["train/kl_ref"] == 0.0 and abs(record["train/actor/loss"]) < 10
+    assert record["rollout/logprob_abs_diff"] < 0.05          # bf16 learner vs the engine's merged fp32 copy

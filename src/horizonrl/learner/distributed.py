@@ -21,7 +21,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from horizonrl.config import DistConfig
+from horizonrl.config import ConfigError, DistConfig
 from horizonrl.learner.device import resolve_device
 
 
@@ -143,6 +143,8 @@ def shard(model: nn.Module, cfg: DistConfig, ranks: Ranks, device: torch.device)
     sharded parameters, gradients and optimizer state in CPU memory."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if cfg.cpu_offload and device.type != "cuda":
+        raise ConfigError("dist.cpu_offload keeps GPU shards in CPU memory; this run is on the CPU already")
     shape = (ranks.world_size,) if cfg.shard else (ranks.world_size, 1)
     names = ("shard",) if cfg.shard else ("replicate", "shard")
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)

@@ -10,6 +10,7 @@ turns the actor back into a plain transformers model.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +52,22 @@ def adapters_disabled(model: nn.Module):
     """A context in which a PEFT model computes its base model's function (the reference policy of a
     LoRA run); for a plain model, a context that changes nothing."""
     return model.disable_adapter() if is_peft(model) else contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class AdaptersOff:
+    """The reference policy of a LoRA run: `actor` with its adapters disabled, not a second copy of
+    the weights (learner.scoring.token_logprobs computes it inside `adapters_disabled`)."""
+
+    actor: PeftModel
+
+
+def freeze_base_in(model: nn.Module, dtype) -> None:
+    """The frozen (base) weights of `model` stored in `dtype` (bf16 under mixed precision: they are
+    only ever read in bf16), the trainable ones as they are."""
+    for parameter in model.parameters():
+        if not parameter.requires_grad:
+            parameter.data = parameter.data.to(dtype)
 
 
 def lm_body(policy: nn.Module) -> nn.Module:
@@ -112,13 +129,17 @@ def _delta_weight(layer: LoraLinear) -> Tensor:
     return delta
 
 
-def save_adapters(model: PeftModel, folder: str | Path, is_main: bool = True) -> None:
-    """The adapters of `model` (adapter_model.safetensors + adapter_config.json) into `folder`; never
-    the base weights. Every rank of a sharded model calls it (adapter DTensors are gathered, a
-    collective); only the rank with `is_main` writes."""
-    adapters = {key: full_tensor(value).detach() for key, value in model.state_dict(keep_vars=True).items()
-                if "lora_" in key}                 # peft's own test for a LoRA entry (get_peft_model_state_dict)
-    model.save_pretrained(str(folder), state_dict=adapters, save_embedding_layers=False, is_main_process=is_main)
+def adapter_state(model: PeftModel) -> dict[str, Tensor]:
+    """The adapter tensors of `model`, whole (every rank of a sharded model calls it: a collective)."""
+    return {key: full_tensor(value).detach() for key, value in model.state_dict(keep_vars=True).items()
+            if "lora_" in key}                 # peft's own test for a LoRA entry (get_peft_model_state_dict)
+
+
+def save_adapters(model: PeftModel, folder: str | Path, adapters: dict[str, Tensor] | None = None) -> None:
+    """The adapters of `model` (adapter_model.safetensors + adapter_config.json; `adapters`: as
+    `adapter_state` gave them, default gathered here) into `folder`; never the base weights."""
+    adapters = adapter_state(model) if adapters is None else adapters
+    model.save_pretrained(str(folder), state_dict=adapters, save_embedding_layers=False)
 
 
 def load_adapters(model: nn.Module, folder: str | Path) -> PeftModel:

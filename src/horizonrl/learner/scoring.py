@@ -18,7 +18,7 @@ from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.chunked_logits import LOGIT_CHUNK_TOKENS, chunked_logp_entropy
 from horizonrl.learner.device import autocast, autocast_dtype
 from horizonrl.learner.distributed import LOCAL, Ranks
-from horizonrl.learner.lora import lm_body
+from horizonrl.learner.lora import AdaptersOff, adapters_disabled, lm_body
 from horizonrl.samples.tensors import pad
 
 
@@ -32,8 +32,12 @@ def token_logprobs(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask:
 
     Assumes logits = lm_head(last hidden state), true of Llama/Qwen/Mistral-family models. A policy
     sharded with FSDP2 computes this in a registered forward method of its root (see
-    `register_sharded_logprobs`), so that the root's parameters (embeddings, head) are gathered.
+    `register_sharded_logprobs`), so that the root's parameters (embeddings, head) are gathered. The
+    reference of a LoRA run (`AdaptersOff`) is its actor with the adapters disabled.
     """
+    if isinstance(policy, AdaptersOff):
+        with adapters_disabled(policy.actor):
+            return token_logprobs(policy.actor, input_ids, attention_mask, loss_mask, temperature, chunk_tokens)
     sharded = getattr(policy, SHARDED_LOGPROBS, None)
     if sharded is not None:
         return sharded(input_ids, attention_mask, loss_mask, temperature, chunk_tokens)

@@ -49,7 +49,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from horizonrl.config import ConfigError, TrainConfig, dump, load_config
 from horizonrl.engines.base import TrainingEngine
 from horizonrl.learner.distributed import LOCAL, Ranks, full_state_dict
-from horizonrl.learner.lora import merged_parameters
+from horizonrl.learner.lora import adapter_state, is_peft, merged_parameters, save_adapters
 from horizonrl.report.trajectories import TRAJECTORIES
 from horizonrl.rollout.collector import Collector
 
@@ -76,25 +76,24 @@ class TrainingStopped(Exception):
 
 
 def save_checkpoint(folder: Path, actor, tokenizer, critic=None, ranks: Ranks = LOCAL) -> Path:
-    """Write the model folder `folder` atomically (sharded networks gathered whole, written by rank 0;
-    every rank calls)."""
+    """Write the model folder `folder` atomically: the actor as a plain Hugging Face model (sharded
+    weights gathered whole, adapters merged), a LoRA actor's adapters in `adapter/`, the critic in
+    `critic.safetensors`. Every rank calls; rank 0 writes."""
     folder = Path(folder)
-    actor_state = full_state_dict(actor, ranks)
+    actor_state = {name: tensor.cpu() for name, tensor in merged_parameters(actor) if ranks.is_main}
+    adapters = adapter_state(actor) if is_peft(actor) else None
     critic_state = full_state_dict(critic, ranks) if critic is not None else None
     if ranks.is_main:
         with atomic_folder(folder) as tmp:
-            write_model(tmp, actor, tokenizer, actor_state, critic_state)
+            plain = actor.get_base_model() if is_peft(actor) else actor
+            plain.save_pretrained(tmp, safe_serialization=True, state_dict=actor_state)
+            tokenizer.save_pretrained(tmp)
+            if adapters is not None:
+                save_adapters(actor, tmp / "adapter", adapters)
+            if critic_state is not None:
+                save_file({k: v.detach().contiguous() for k, v in critic_state.items()}, str(tmp / "critic.safetensors"))
     ranks.barrier()
     return folder
-
-
-def write_model(folder: Path, actor, tokenizer, actor_state: dict, critic_state: dict | None = None) -> None:
-    """`actor` with the weights `actor_state` as a Hugging Face folder, the tokenizer, and the critic's
-    `critic_state` beside them."""
-    actor.save_pretrained(folder, safe_serialization=True, state_dict=actor_state)
-    tokenizer.save_pretrained(folder)
-    if critic_state is not None:
-        save_file({k: v.detach().contiguous() for k, v in critic_state.items()}, str(folder / "critic.safetensors"))
 
 
 @contextmanager

@@ -1,9 +1,10 @@
 """The run context: everything a training run builds once, before its first iteration.
 
-    policy (loaded, or tiny + warm start; resuming: the checkpoint's) -> frozen reference -> engine
-    (samples from the actor itself) -> collector (fixed-turn for ppo, episode or task groups for the
-    group algorithms) -> critic (ppo) -> optimisers -> metrics sinks -> checkpointer (restores a
-    resumed run)
+    policy (loaded, or tiny + warm start; resuming: the initial one) -> engine (samples from the actor
+    itself, or from a whole copy of its own) -> collector (fixed-turn for ppo, episode or task groups
+    for the group algorithms) -> critic (ppo) -> reference (a frozen copy; with model.lora, the actor
+    with its adapters disabled, after adapters go on actor and critic) -> optimisers (over what
+    trains) -> metrics sinks -> checkpointer (restores a resumed run's weights and state)
 
 Under torchrun every rank builds the same context: rank 0 makes the run folder and the tiny model
 (the others load it from init/), each rank's collector plays its share of the streams or tasks, the
@@ -21,6 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from horizonrl import envs as env_registry
@@ -28,6 +30,7 @@ from horizonrl.config import TrainConfig, dump
 from horizonrl.engines.base import TrainingEngine
 from horizonrl.learner.device import autocast_dtype, resolve_device
 from horizonrl.learner.distributed import LOCAL, Ranks, shard
+from horizonrl.learner.lora import AdaptersOff, add_critic_lora, add_lora, freeze_base_in
 from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, pad_token_id
 from horizonrl.learner.scoring import register_sharded_logprobs
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
@@ -53,7 +56,7 @@ class RunContext:
     device: torch.device
     tokenizer: PreTrainedTokenizerBase
     actor: PreTrainedModel
-    reference: PreTrainedModel
+    reference: PreTrainedModel | AdaptersOff
     actor_opt: torch.optim.Optimizer
     actor_loss: LossFn
     engine: TrainingEngine
@@ -78,14 +81,13 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     device = device or resolve_device(cfg.device)
     if resume is None:
         run_dir, tokenizer, actor = new_run(cfg, envs, ranks, device)
-        reference = frozen_copy(actor)
     else:                                   # the initial policy; the checkpoint's weights come over it
         run_dir = resume.run_dir
         tokenizer, actor = load_policy(initial_policy_path(cfg, run_dir), device)
-        reference = frozen_copy(actor)
     agent = make_agent(tokenizer, cfg.agent)
     actor.eval()  # dropout off: the sampler and the learner compute the same function
-    sampled = engine_copy(actor, device) if ranks.distributed and cfg.rollout.engine == "hf" else actor
+    own_copy = ranks.distributed or cfg.model.lora is not None      # the engine cannot sample from the actor
+    sampled = engine_copy(actor, device) if own_copy and cfg.rollout.engine == "hf" else actor
     engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights")
     params = sampling_params(cfg.rollout, tokenizer, actor, agent)
     critic = critic_opt = critic_loss = None
@@ -101,18 +103,31 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
                                           cfg.group.group_size, cfg.group.max_turns,
                                           load_reward_fn(cfg.group.reward_fn), cfg.seed,
                                           ranks.share(cfg.group.n_tasks))
+    if cfg.model.lora is None:
+        reference = frozen_copy(actor)
+    else:                                   # adapters on actor and critic; the reference is the base
+        with torch.random.fork_rng():        # the same initial adapters on every rank and every world size
+            torch.manual_seed(cfg.seed)
+            actor = add_lora(actor, cfg.model.lora)
+            critic = add_critic_lora(critic, cfg.model.lora) if critic is not None else None
+        reference = AdaptersOff(actor)
+        if ranks.distributed and cfg.dist.mixed_precision:
+            for model in (actor, critic):
+                if model is not None:
+                    freeze_base_in(model, torch.bfloat16)
     if ranks.distributed:
         for model in (actor, reference, critic):
-            if model is not None:
+            if isinstance(model, nn.Module):
                 shard(model, cfg.dist, ranks, device)
         for policy in (actor, reference):
-            register_sharded_logprobs(policy)
-    actor_opt = torch.optim.AdamW(actor.parameters(), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
+            if isinstance(policy, nn.Module):
+                register_sharded_logprobs(policy)
+    actor_opt = torch.optim.AdamW(trainable(actor), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
     actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
                                cfg.actor.entropy_coef, cfg.actor.loss_agg, cfg.rollout.temperature,
                                cfg.actor.kl_loss_coef, cfg.actor.tis_cap)
     if critic is not None:
-        critic_opt = torch.optim.AdamW(critic.parameters(), lr=cfg.critic.lr, weight_decay=cfg.optim.weight_decay)
+        critic_opt = torch.optim.AdamW(trainable(critic), lr=cfg.critic.lr, weight_decay=cfg.optim.weight_decay)
         critic_loss = critic_loss_fn(critic, cfg.critic.value_clip, cfg.critic.first_token_weight)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, critic, critic_opt, ranks)
@@ -147,6 +162,11 @@ def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device
     if not ranks.is_main:
         tokenizer, actor = load_policy(cfg.model.path or str(run_dir / "init"), device)
     return run_dir, tokenizer, actor
+
+
+def trainable(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters an optimizer steps: all of them, or the adapters (and value head) of a LoRA run."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def engine_copy(actor: PreTrainedModel, device: torch.device) -> PreTrainedModel:

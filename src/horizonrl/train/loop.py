@@ -49,9 +49,6 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
     Launched by torchrun (WORLD_SIZE set), every rank runs this same function on its share of the
     streams or tasks (see train/context.py); rank 0 alone writes the logs and the report."""
     check_sinks(cfg.report_to)
-    if cfg.model.lora is not None:
-        raise ConfigError("model.lora: training with adapters is not wired into the trainer yet (horizonrl plan "
-                          "reads it; learner/lora.py has the pieces); remove it to train every weight")
     ranks, device = start_ranks(cfg.dist, cfg.device)
     try:
         check_world_size(cfg, ranks.world_size)
