@@ -11,6 +11,7 @@
                                                 whole episodes on held-out seeds, greedy and sampled
     horizonrl plan CONFIG [key=value ...] --gpus G [--gpu-memory-gb 80] [--seq-len S] [--json]
                                                 per-GPU memory of a run from config.json alone, and what makes it fit
+    horizonrl export RUN --to DIR [--merge]     a run's last checkpoint as a Hugging Face model folder
 """
 
 from __future__ import annotations
@@ -67,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     plan_cmd.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of each GPU in GiB")
     plan_cmd.add_argument("--seq-len", type=int, help="tokens per row (default: estimated, see horizonrl.plan)")
     plan_cmd.add_argument("--json", action="store_true", help="print one JSON object (bytes)")
+    export_cmd = commands.add_parser("export", help="write a run's last checkpoint as a Hugging Face model folder "
+                                                    "(actor, tokenizer, critic.safetensors)")
+    export_cmd.add_argument("target", metavar="RUN_OR_CHECKPOINT",
+                            help="a run folder (its last complete checkpoint) or RUN/checkpoints/iter_NNNNNN")
+    export_cmd.add_argument("--to", required=True, type=Path, dest="out", metavar="DIR", help="the new model folder")
+    export_cmd.add_argument("--merge", action="store_true",
+                            help="a LoRA run: the adapters merged into a full model (default: the PEFT adapter folder)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train" and args.quiet:
@@ -156,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"horizonrl: {error}", file=sys.stderr)
             return 2
         print(json.dumps(dataclasses.asdict(result)) if args.json else format_plan(result))
+    elif args.command == "export":
+        from horizonrl.train.export import export
+
+        try:
+            print(export(Path(args.target), args.out, args.merge))
+        except (ValueError, FileExistsError) as error:   # not a run or checkpoint, none saved, DIR not empty
+            print(f"horizonrl: {error}", file=sys.stderr)
+            return 2
     return 0
 
 

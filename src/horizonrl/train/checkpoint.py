@@ -62,7 +62,7 @@ DCP_FOLDER = "dcp"   # the networks and optimizers, torch.distributed.checkpoint
 
 
 class CheckpointError(ValueError):
-    """A run cannot be resumed: no complete checkpoint, or one that does not match the run."""
+    """A run cannot be resumed or exported: no complete checkpoint, or one that does not match the run."""
 
 
 class TrainingStopped(Exception):
