@@ -11,7 +11,7 @@
                                                 whole episodes on held-out seeds, greedy and sampled
     horizonrl plan CONFIG [key=value ...] --gpus G [--gpu-memory-gb 80] [--seq-len S] [--json]
                                                 per-GPU memory of a run from config.json alone, and what makes it fit
-    horizonrl export RUN --to DIR [--merge]     a run's last checkpoint as a Hugging Face model folder
+    horizonrl export RUN --to DIR               a run's last checkpoint as a Hugging Face model folder
 """
 
 from __future__ import annotations
@@ -69,12 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     plan_cmd.add_argument("--seq-len", type=int, help="tokens per row (default: estimated, see horizonrl.plan)")
     plan_cmd.add_argument("--json", action="store_true", help="print one JSON object (bytes)")
     export_cmd = commands.add_parser("export", help="write a run's last checkpoint as a Hugging Face model folder "
-                                                    "(actor, tokenizer, critic.safetensors)")
+                                                    "(actor with adapters merged, tokenizer, adapter/, critic/)")
     export_cmd.add_argument("target", metavar="RUN_OR_CHECKPOINT",
                             help="a run folder (its last complete checkpoint) or RUN/checkpoints/iter_NNNNNN")
     export_cmd.add_argument("--to", required=True, type=Path, dest="out", metavar="DIR", help="the new model folder")
-    export_cmd.add_argument("--merge", action="store_true",
-                            help="a LoRA run: the adapters merged into a full model (default: the PEFT adapter folder)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "train" and args.quiet:
@@ -168,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         from horizonrl.train.export import export
 
         try:
-            print(export(Path(args.target), args.out, args.merge))
+            print(export(Path(args.target), args.out))
         except (ValueError, FileExistsError) as error:   # not a run or checkpoint, none saved, DIR not empty
             print(f"horizonrl: {error}", file=sys.stderr)
             return 2

@@ -28,6 +28,6 @@ def test_a_two_rank_checkpoint_exports_in_one_process_as_the_jobs_final_model(tm
     saved = load_file(str(run / "checkpoint" / "model.safetensors"))
     assert all(torch.equal(state[key], value) for key, value in saved.items())
     assert not torch.equal(saved["model.embed_tokens.weight"], river_tiny[1].state_dict()["model.embed_tokens.weight"])
-    critic = load_file(str(out / "critic.safetensors"))
-    saved_critic = load_file(str(run / "checkpoint" / "critic.safetensors"))
+    critic = load_file(str(out / "critic" / "model.safetensors"))
+    saved_critic = load_file(str(run / "checkpoint" / "critic" / "model.safetensors"))
     assert critic.keys() == saved_critic.keys() and all(torch.equal(critic[k], saved_critic[k]) for k in critic)

@@ -42,7 +42,7 @@ def test_train_writes_run_folder_metrics_and_checkpoint(tmp_path, capsys):
         assert record["data/mask_ones_ratio"] > 0 and record["perf/rollout_tokens_per_s"] > 0
 
     checkpoint = run_dir / "checkpoint"
-    assert (checkpoint / "critic.safetensors").exists()
+    assert (checkpoint / "critic/model.safetensors").exists()
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     assert model.config.vocab_size >= len(tokenizer)
@@ -132,7 +132,7 @@ def test_every_algorithm_trains_two_iterations_on_the_toy_recipe(tmp_path, algor
     if algorithm != "ppo":
         assert all(r["env/episodes"] == 8 for r in records)
         assert "train/actor/pg_loss" in records[-1] and "train/critic/value_loss" not in records[-1]
-        assert not (run_dir / "checkpoint" / "critic.safetensors").exists()
+        assert not (run_dir / "checkpoint" / "critic").exists()
     advantages = [turn["advantage"] for line in (run_dir / "trajectories.jsonl").read_text().splitlines()
                   for turn in json.loads(line)["turns"]]
     assert any(a != 0 for a in advantages)

@@ -24,7 +24,7 @@ def test_default_job_trains_from_the_shipped_checkpoint_and_evaluates_both_tasks
     records = read_metrics(run / "metrics.jsonl")
     assert [r["phase"] for r in records] == ["critic_warmup", "ppo"]
     assert all(r["env/turns"] == 16 and r["env/valid_action_ratio"] > 0.5 for r in records)
-    assert (run / "report.html").exists() and (run / "checkpoint" / "critic.safetensors").exists()
+    assert (run / "report.html").exists() and (run / "checkpoint" / "critic/model.safetensors").exists()
 
     for target, name in ((run / "init", "eval-init.json"), (run, "eval-checkpoint.json")):
         assert main(["eval", str(target), "--episodes", "2", "--max-steps", "3"]) == 0

@@ -1,20 +1,17 @@
 """`horizonrl export`: a run's resumable checkpoint (DCP shards) as a Hugging Face model folder equal to
-the run's own final `checkpoint/` folder; a LoRA checkpoint as a PEFT adapter folder or a merged model."""
+the run's own final `checkpoint/` folder, a LoRA run's included (merged model, adapter/, critic/)."""
 
 import copy
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 from peft import PeftModel
 from safetensors.torch import load_file
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from horizonrl.agents.agent import chat_prompt_ids
 from horizonrl.cli import main
-from horizonrl.config import SOURCE_CONFIGS, dump, load_config
-from horizonrl.learner.lora import add_lora
+from horizonrl.config import SOURCE_CONFIGS, load_config
 from horizonrl.learner.models import load_policy
 from horizonrl.train.checkpoint import CheckpointError, save_checkpoint
 from horizonrl.train.export import export
@@ -41,8 +38,8 @@ def assert_same_model_folder(exported, checkpoint):
     model = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
     state, saved = model.state_dict(), load_file(str(checkpoint / "model.safetensors"))
     assert saved and all(torch.equal(state[key], value) for key, value in saved.items())
-    critic = load_file(str(exported / "critic.safetensors"))
-    saved_critic = load_file(str(checkpoint / "critic.safetensors"))
+    critic = load_file(str(exported / "critic" / "model.safetensors"))
+    saved_critic = load_file(str(checkpoint / "critic" / "model.safetensors"))
     assert critic.keys() == saved_critic.keys() and all(torch.equal(critic[k], saved_critic[k]) for k in critic)
 
 
@@ -80,44 +77,18 @@ def test_errors_name_the_problem(run, tmp_path, capsys):
     assert not (tmp_path / "out").exists() and (tmp_path / "taken" / "model.safetensors").read_bytes() == b""
 
 
-@pytest.fixture
-def lora_run(tmp_path, river_tiny):
-    """A run folder of a LoRA run (config.yaml with model.lora, init/) whose checkpoint holds the DCP
-    state dict of the PEFT-wrapped actor with trained (random, nonzero) adapters; returns (run, actor)."""
-    run = tmp_path / "lora_run"
-    cfg = load_config(TOY, ["model.lora={r: 4, alpha: 8, target_modules: [q_proj, v_proj, up_proj]}"])
-    save_checkpoint(run / "init", river_tiny[1], river_tiny[0])
-    (run / "config.yaml").write_text(dump(cfg))
-    actor = add_lora(load_policy(str(run / "init"), torch.device("cpu"))[1], cfg.model.lora)
-    with torch.no_grad():
-        for name, parameter in actor.named_parameters():
-            if "lora_" in name:
-                parameter.copy_(torch.randn_like(parameter) * 0.1)
-    dcp.save({"actor": get_model_state_dict(actor)}, checkpoint_id=run / "checkpoints" / "iter_000003" / "dcp",
-             no_dist=True)
-    return run, actor.eval()
-
-
-def test_lora_merge_gives_the_merged_model(lora_run, tmp_path):
-    run, actor = lora_run
-    merged = copy.deepcopy(actor).merge_and_unload().state_dict()
-    export(run, tmp_path / "merged", merge=True)
-    assert not (tmp_path / "merged" / "adapter_config.json").exists()
-    state = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32).state_dict()
-    assert state.keys() == merged.keys() and all(torch.equal(state[k], merged[k]) for k in merged)
-    initial = load_policy(str(run / "init"), torch.device("cpu"))[1].state_dict()
-    assert not torch.equal(state["model.layers.0.self_attn.q_proj.weight"],
-                           initial["model.layers.0.self_attn.q_proj.weight"])   # the adapters are in
-
-
-def test_lora_without_merge_gives_the_adapter_folder(lora_run, tmp_path):
-    run, actor = lora_run
-    export(run, tmp_path / "adapters")
-    assert (tmp_path / "adapters" / "adapter_config.json").is_file() and \
-        not (tmp_path / "adapters" / "model.safetensors").exists()
-    tokenizer, base = load_policy(str(run / "init"), torch.device("cpu"))
-    loaded = PeftModel.from_pretrained(base, tmp_path / "adapters").eval()
+def test_a_lora_run_exports_its_merged_model_adapters_and_critic(tmp_path):
+    run = train(load_config(TOY, [*SMALL, "model.lora={r: 4, alpha: 8}", f"output_dir={tmp_path / 'runs'}"]),
+                progress=False)
+    out = export(run, tmp_path / "exported")
+    assert_same_model_folder(out, run / "checkpoint")
+    adapters, saved = (load_file(str(folder / "adapter" / "adapter_model.safetensors"))
+                       for folder in (out, run / "checkpoint"))
+    assert adapters.keys() == saved.keys() and all(torch.equal(adapters[k], saved[k]) for k in saved)
+    tokenizer, merged = load_policy(str(out), torch.device("cpu"))
+    initial = load_policy(str(run / "init"), torch.device("cpu"))[1]
+    adapted = PeftModel.from_pretrained(copy.deepcopy(initial), out / "adapter").eval()
     ids = torch.tensor([prompt(tokenizer)])
     with torch.no_grad():
-        assert torch.equal(loaded(ids).logits, actor(ids).logits)
-    assert prompt(AutoTokenizer.from_pretrained(tmp_path / "adapters")) == prompt(tokenizer)
+        assert torch.allclose(adapted(ids).logits, merged(ids).logits, atol=1e-5)
+        assert not torch.allclose(initial(ids).logits, merged(ids).logits, atol=1e-5)   # the adapters trained

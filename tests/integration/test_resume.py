@@ -56,7 +56,7 @@ def straight(tmp_path_factory):
     return run
 
 
-WEIGHTS = {"ppo": ("model.safetensors", "critic.safetensors"), "grpo": ("model.safetensors",)}  # no critic in grpo
+WEIGHTS = {"ppo": ("model.safetensors", "critic/model.safetensors"), "grpo": ("model.safetensors",)}  # no critic in grpo
 
 
 def assert_same_run(run: Path, straight: Path, algorithm: str = "ppo") -> None:

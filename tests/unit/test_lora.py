@@ -5,12 +5,13 @@ import copy
 
 import pytest
 import torch
+from peft import PeftModel
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from horizonrl.config import LoRAConfig
-from horizonrl.learner.lora import (adapters_disabled, add_critic_lora, add_lora, load_adapters, lm_body,
-                                    merge_for_export, merged_parameters, save_adapters)
+from horizonrl.learner.lora import (adapters_disabled, add_critic_lora, add_lora, lm_body,
+                                    merged_parameters, save_adapters)
 from horizonrl.learner.models import ValueModel
 from horizonrl.learner.scoring import token_logprobs
 
@@ -180,7 +181,7 @@ def test_critic_adapters_round_trip(plain, tmp_path):
     torch.nn.init.normal_(critic.value_head.weight)
     save_adapters(critic.backbone, tmp_path)
     fresh = ValueModel(copy.deepcopy(plain.model), hidden_size=32).eval()
-    fresh.backbone = load_adapters(fresh.backbone, tmp_path)
+    fresh.backbone = PeftModel.from_pretrained(fresh.backbone, str(tmp_path), is_trainable=True)
     fresh.value_head.load_state_dict(critic.value_head.state_dict())
     input_ids, attention_mask, _ = batch()
     with torch.no_grad():
@@ -194,18 +195,8 @@ def test_save_and_load_adapters(plain, peft_model, tmp_path):
         keys = list(saved.keys())
     assert len(keys) == 2 * 2 * len(TARGETS) and all("lora_A" in k or "lora_B" in k for k in keys)
 
-    loaded = load_adapters(copy.deepcopy(plain), tmp_path).eval()
+    loaded = PeftModel.from_pretrained(copy.deepcopy(plain), str(tmp_path), is_trainable=True).eval()
     input_ids, attention_mask, _ = batch()
     assert torch.equal(logits(loaded, input_ids, attention_mask), logits(peft_model, input_ids, attention_mask))
     assert {n for n, p in loaded.named_parameters() if p.requires_grad} == \
         {n for n, p in peft_model.named_parameters() if p.requires_grad}
-
-
-def test_merge_for_export(plain, peft_model):
-    input_ids, attention_mask, _ = batch()
-    adapted = logits(peft_model, input_ids, attention_mask)
-    exported = merge_for_export(peft_model)
-    assert type(exported) is type(plain)
-    assert list(exported.state_dict().keys()) == list(plain.state_dict().keys())
-    assert torch.allclose(logits(exported, input_ids, attention_mask), adapted, atol=1e-5)
-    assert merge_for_export(plain) is plain

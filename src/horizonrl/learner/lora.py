@@ -1,10 +1,10 @@
 """Low-rank adapters (PEFT LoRA) on the actor and the critic: the base weights stay frozen, only the
 adapters (and the critic's value head) train.
 
-The reference policy of a LoRA run is the actor inside `adapters_disabled`, not a second copy of the
-weights. The inference engine gets `merged_parameters` (the base model's names, W + alpha/r * B @ A),
-a checkpoint holds only the adapters (`save_adapters` / `load_adapters`), and `merge_for_export`
-turns the actor back into a plain transformers model.
+The reference policy of a LoRA run is the actor inside `adapters_disabled` (`AdaptersOff`), not a
+second copy of the weights. The inference engine and the model folders get `merged_parameters` (the
+base model's names, W + alpha/r * B @ A); `save_adapters` writes the adapters alone (PEFT's folder,
+which `PeftModel.from_pretrained` loads back onto the base model).
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ def add_critic_lora(critic: nn.Module, lora: LoRAConfig) -> nn.Module:
     critic.backbone = get_peft_model(critic.backbone, peft_config(lora))
     critic.value_head.requires_grad_(True)
     return critic
+
+
+def add_adapters(actor: nn.Module, critic: nn.Module | None, lora: LoRAConfig) -> tuple[PeftModel, nn.Module | None]:
+    """(actor, critic) of a LoRA run: `add_lora` on the actor, `add_critic_lora` on the critic (None: none)."""
+    return add_lora(actor, lora), add_critic_lora(critic, lora) if critic is not None else None
 
 
 def is_peft(model: nn.Module) -> bool:
@@ -140,15 +145,3 @@ def save_adapters(model: PeftModel, folder: str | Path, adapters: dict[str, Tens
     `adapter_state` gave them, default gathered here) into `folder`; never the base weights."""
     adapters = adapter_state(model) if adapters is None else adapters
     model.save_pretrained(str(folder), state_dict=adapters, save_embedding_layers=False)
-
-
-def load_adapters(model: nn.Module, folder: str | Path) -> PeftModel:
-    """The plain `model` (the same base weights the adapters were trained on) with the adapters saved
-    in `folder` injected in place, trainable as after add_lora."""
-    return PeftModel.from_pretrained(model, str(folder), is_trainable=True)
-
-
-def merge_for_export(model: nn.Module) -> nn.Module:
-    """A plain transformers model whose weights have the adapters merged in (ready for save_pretrained):
-    the base model of a PEFT `model`, merged in place (do not use `model` after); a plain model as is."""
-    return model.merge_and_unload() if is_peft(model) else model

@@ -1,7 +1,7 @@
 """Checkpoints: model folders, and the resumable training state of a run.
 
 A model folder holds the actor and tokenizer as a Hugging Face folder (safetensors) and the critic
-beside it (`critic.safetensors`); it loads back with `model.path=<folder>`. A run writes `init/` (the
+beside it (`critic/model.safetensors`); it loads back with `model.path=<folder>`. A run writes `init/` (the
 tiny model before RL) and `checkpoint/` (the model at the end).
 
 Every `save_every` iterations, after the last one and when a SIGINT/SIGTERM asked the run to stop, the
@@ -78,7 +78,7 @@ class TrainingStopped(Exception):
 def save_checkpoint(folder: Path, actor, tokenizer, critic=None, ranks: Ranks = LOCAL) -> Path:
     """Write the model folder `folder` atomically: the actor as a plain Hugging Face model (sharded
     weights gathered whole, adapters merged), a LoRA actor's adapters in `adapter/`, the critic in
-    `critic.safetensors`. Every rank calls; rank 0 writes."""
+    `critic/model.safetensors`. Every rank calls; rank 0 writes."""
     folder = Path(folder)
     actor_state = {name: tensor.cpu() for name, tensor in merged_parameters(actor) if ranks.is_main}
     adapters = adapter_state(actor) if is_peft(actor) else None
@@ -90,8 +90,10 @@ def save_checkpoint(folder: Path, actor, tokenizer, critic=None, ranks: Ranks = 
             tokenizer.save_pretrained(tmp)
             if adapters is not None:
                 save_adapters(actor, tmp / "adapter", adapters)
-            if critic_state is not None:
-                save_file({k: v.detach().contiguous() for k, v in critic_state.items()}, str(tmp / "critic.safetensors"))
+            if critic_state is not None:     # a folder of its own: servers load every *.safetensors beside a model
+                (tmp / "critic").mkdir()
+                save_file({k: v.detach().contiguous() for k, v in critic_state.items()},
+                          str(tmp / "critic" / "model.safetensors"))
     ranks.barrier()
     return folder
 

@@ -30,7 +30,7 @@ from horizonrl.config import TrainConfig, dump
 from horizonrl.engines.base import TrainingEngine
 from horizonrl.learner.device import autocast_dtype, resolve_device
 from horizonrl.learner.distributed import LOCAL, Ranks, shard
-from horizonrl.learner.lora import AdaptersOff, add_critic_lora, add_lora, freeze_base_in
+from horizonrl.learner.lora import AdaptersOff, add_adapters, freeze_base_in
 from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, pad_token_id
 from horizonrl.learner.scoring import register_sharded_logprobs
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
@@ -108,8 +108,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     else:                                   # adapters on actor and critic; the reference is the base
         with torch.random.fork_rng():        # the same initial adapters on every rank and every world size
             torch.manual_seed(cfg.seed)
-            actor = add_lora(actor, cfg.model.lora)
-            critic = add_critic_lora(critic, cfg.model.lora) if critic is not None else None
+            actor, critic = add_adapters(actor, critic, cfg.model.lora)
         reference = AdaptersOff(actor)
         if ranks.distributed and cfg.dist.mixed_precision:
             for model in (actor, critic):

@@ -3,14 +3,11 @@ Hugging Face tool loads.
 
 A checkpoint's networks are torch.distributed.checkpoint shards, written by every rank of a torchrun
 job or by one process. Export loads the run's initial policy (`init/` or `model.path`: architecture and
-tokenizer) on the CPU and reads the checkpoint's "actor" entry over it in one process (DCP reshards
-whatever world size wrote it; the optimizer states in the same files are not read). The folder then
-holds what a run's `checkpoint/` folder holds: the actor (safetensors), its tokenizer and generation
-config, and the critic beside them (`critic.safetensors`) when the run has one.
-
-A LoRA run (`model.lora`) exports its PEFT adapter folder (adapter_model.safetensors +
-adapter_config.json, whose base model is the initial policy) and the tokenizer, or, with `merge`, a
-plain model with the adapters merged into its weights; its critic is not exported.
+tokenizer) on the CPU, with a LoRA run's adapters on it, and reads the checkpoint's "actor" and
+"critic" entries over it in one process (DCP reshards whatever world size wrote them; the optimizer
+states in the same files are not read). The folder then holds what a run's `checkpoint/` holds
+(`save_checkpoint`): the actor as a plain model (adapters merged), its tokenizer and generation config,
+a LoRA run's adapters in `adapter/`, and the critic in `critic/`.
 """
 
 from __future__ import annotations
@@ -23,16 +20,15 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from horizonrl.config import load_config
-from horizonrl.learner.lora import add_lora, merge_for_export, save_adapters
+from horizonrl.learner.lora import add_adapters
 from horizonrl.learner.models import ValueModel, load_policy
-from horizonrl.train.checkpoint import (CHECKPOINTS, DCP_FOLDER, CheckpointError, atomic_folder, complete_checkpoints,
-                                        initial_policy_path, write_model)
+from horizonrl.train.checkpoint import (CHECKPOINTS, DCP_FOLDER, CheckpointError, complete_checkpoints,
+                                        initial_policy_path, save_checkpoint)
 
 
-def export(target: Path, out: Path, merge: bool = False) -> Path:
+def export(target: Path, out: Path) -> Path:
     """Write the model of checkpoint `target` (a run folder: its last complete checkpoint; or one of its
-    `iter_*` folders) into the new folder `out`, atomically; returns `out`. `merge`: a LoRA run's
-    adapters merged into a plain model rather than the adapter folder (a plain run's model either way)."""
+    `iter_*` folders) into the new folder `out`, atomically; returns `out`."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} already exists; export writes a new folder")
@@ -41,20 +37,11 @@ def export(target: Path, out: Path, merge: bool = False) -> Path:
     if cfg.model.path is None and not (run / "init").is_dir():
         raise CheckpointError(f"{run / 'init'} (the run's initial policy: architecture and tokenizer) is missing")
     tokenizer, actor = load_policy(initial_policy_path(cfg, run), torch.device("cpu"))
-    lora = cfg.model.lora
-    networks = {"actor": add_lora(actor, lora) if lora is not None else actor}   # a LoRA run saved PEFT's names
-    if lora is None and has_entry(folder, "critic"):
-        networks["critic"] = ValueModel.from_policy(actor)
-    load_entries(folder, networks)
-    with atomic_folder(out) as tmp:
-        if lora is not None and not merge:
-            save_adapters(networks["actor"], tmp)
-            tokenizer.save_pretrained(tmp)
-        else:
-            model = merge_for_export(networks["actor"])
-            critic = networks.get("critic")
-            write_model(tmp, model, tokenizer, model.state_dict(), critic.state_dict() if critic else None)
-    return out
+    critic = ValueModel.from_policy(actor) if has_entry(folder, "critic") else None
+    if cfg.model.lora is not None:                    # a LoRA run saved PEFT's names
+        actor, critic = add_adapters(actor, critic, cfg.model.lora)
+    load_entries(folder, {"actor": actor, **({"critic": critic} if critic is not None else {})})
+    return save_checkpoint(out, actor, tokenizer, critic)
 
 
 def run_and_checkpoint(target: Path) -> tuple[Path, Path]:
