@@ -119,3 +119,13 @@ def test_lora_with_mixed_precision_and_checkpointing_trains_on_two_ranks(tmp_pat
     record = read_metrics(run_folder(tmp_path) / "metrics.jsonl")[-1]
     assert record["train/kl_ref"] == 0.0 and abs(record["train/actor/loss"]) < 10
     assert record["rollout/logprob_abs_diff"] < 0.05          # bf16 learner vs the engine's merged fp32 copy
+
+
+def test_an_exception_on_one_rank_ends_the_job_naming_the_rank_and_the_error(tmp_path, tiny_folder, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    started = time.monotonic()
+    done = train(2, [str(TOY), *SMALL, "algorithm=grpo", "group.n_tasks=2", "group.group_size=2", "group.max_turns=3",
+                     "group.reward_fn=failing:reward_fails_on_rank_1", f"model.path={tiny_folder}", "iterations=2",
+                     "dist.timeout_s=60", f"output_dir={tmp_path}"], expect_failure=True)
+    assert done.returncode != 0 and time.monotonic() - started < 120
+    assert "rank      : 1" in done.stderr and "planted failure on rank 1" in done.stderr, done.stderr[-3000:]

@@ -28,6 +28,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from horizonrl import envs as env_registry
 from horizonrl.config import TrainConfig, dump
 from horizonrl.engines.base import TrainingEngine
+from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import autocast_dtype, resolve_device
 from horizonrl.learner.distributed import LOCAL, Ranks, shard
 from horizonrl.learner.lora import AdaptersOff, add_adapters, freeze_base_in
@@ -145,15 +146,24 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
 def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device
             ) -> tuple[Path, PreTrainedTokenizerBase, PreTrainedModel]:
     """(run folder, tokenizer, policy) of a new run: the policy from `model.path`, or a tiny model
-    (warm-started as the config says, on this rank's envs) saved in run_dir/init. Under torchrun rank 0
-    builds the policy and makes the folder; the other ranks load the policy from where it is."""
+    (warm-started as the config says) saved in run_dir/init. Under torchrun rank 0 builds the policy and
+    makes the folder, warm-starting on every stream of the run as one process does (so the tiny model
+    does not depend on the world size); the other ranks load the policy from where it is."""
     if ranks.is_main:
         tokenizer, actor = build_policy(cfg, device)
         if cfg.model.path is None and cfg.model.warm_start:
             if cfg.task is not None:
                 task_warm_start(actor, tokenizer, cfg)
             else:
-                format_warm_start(actor, make_agent(tokenizer, cfg.agent), envs, cfg.model.warm_start, cfg.seed)
+                every_stream = open_envs(cfg.env.ids, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
+                                         cfg.env.timeout_s) if ranks.distributed else envs
+                try:
+                    format_warm_start(actor, make_agent(tokenizer, cfg.agent), every_stream, cfg.model.warm_start,
+                                      cfg.seed)
+                finally:
+                    if every_stream is not envs:
+                        for env in every_stream:
+                            env.close()
         run_dir = make_run_dir(cfg)
         if cfg.model.path is None:
             save_checkpoint(run_dir / "init", actor, tokenizer)
