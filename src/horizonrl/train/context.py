@@ -179,8 +179,8 @@ def trainable(model: nn.Module) -> list[nn.Parameter]:
 
 
 def engine_copy(actor: PreTrainedModel, device: torch.device) -> PreTrainedModel:
-    """The whole policy an engine of a sharded run samples from (bf16 on a GPU), refreshed after every
-    update from the shards (train/loop.sync_engine)."""
+    """The whole policy an engine samples from when it cannot share the actor (a sharded or a LoRA run;
+    bf16 on a GPU), refreshed after every update (train/loop.sync_engine: gathered, adapters merged)."""
     return copy.deepcopy(actor).to(autocast_dtype(device) or torch.float32).eval().requires_grad_(False)
 
 
