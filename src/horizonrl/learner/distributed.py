@@ -133,6 +133,16 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     raise ValueError(f"{type(model).__name__}: no decoder layers (a `layers` ModuleList) to shard")
 
 
+def checkpoint_activations(model: nn.Module) -> None:
+    """Recompute every decoder layer in backward instead of keeping its activations: transformers'
+    gradient checkpointing on the outermost Hugging Face model in `model` (the policy itself, a PEFT
+    wrapper's, or a critic's backbone)."""
+    outermost = next((m for m in model.modules() if hasattr(m, "gradient_checkpointing_enable")), None)
+    if outermost is None:
+        raise ValueError(f"{type(model).__name__}: no transformers model inside to checkpoint")
+    outermost.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def shard(model: nn.Module, cfg: DistConfig, ranks: Ranks, device: torch.device) -> nn.Module:
     """FSDP2 over `ranks`: `fully_shard` on every decoder layer, then on the root (in place).
 
@@ -151,8 +161,8 @@ def shard(model: nn.Module, cfg: DistConfig, ranks: Ranks, device: torch.device)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cfg.mixed_precision \
         else MixedPrecisionPolicy()
     options = dict(mesh=mesh, mp_policy=mp, offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy())
-    if cfg.activation_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.activation_checkpointing:
+        checkpoint_activations(model)
     for layer in decoder_layers(model):
         fully_shard(layer, **options)
     fully_shard(model, **options)
