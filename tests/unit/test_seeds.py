@@ -59,4 +59,4 @@ def test_collectors_follow_the_training_rule(river_tiny, run_seed):
 
 @pytest.mark.parametrize("recipe", sorted(p.name for p in RECIPES.glob("*.yaml")))
 def test_every_recipe_trains_below_the_held_out_range(recipe):
-    assert max_training_episodes(load_config(RECIPES / recipe)) <= HELD_OUT_START
+    assert max_training_episodes(load_config(RECIPES / recipe, runs_here=False)) <= HELD_OUT_START   # vLLM: not here
