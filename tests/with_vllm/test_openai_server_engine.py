@@ -33,11 +33,11 @@ from horizonrl.rollout.fixed_turn import FixedTurnCollector
 
 @pytest.fixture(scope="module")
 def server(tiny, tmp_path_factory):
-    """A vLLM api_server (engines/vllm_server.py) of an untied copy of the tiny model, fp32, 5% of host
+    """A vLLM api_server (engines/vllm_server.py) of an untied copy of the tiny model, fp32, 10% of host
     memory; yields (base_url, process)."""
     tokenizer, model = tiny
     folder = write_untied(model, tokenizer, tmp_path_factory.mktemp("served"))
-    with vllm_server(folder, gpu_memory_utilization=0.05, dtype="float32") as (base_url, process):
+    with vllm_server(folder, gpu_memory_utilization=0.1, dtype="float32") as (base_url, process):
         yield base_url, process
 
 

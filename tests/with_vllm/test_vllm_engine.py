@@ -28,13 +28,13 @@ from horizonrl.samples.tensors import pad
 def test_a_head_size_without_a_cpu_kernel_fails_in_one_line(river_tiny):
     tokenizer, model = river_tiny          # hidden 64 / 4 heads: head size 16
     with pytest.raises(ValueError, match="vLLM on the CPU supports head sizes .*this model's is 16"):
-        VLLMEngine(model, tokenizer, gpu_memory_utilization=0.05)
+        VLLMEngine(model, tokenizer, gpu_memory_utilization=0.1)
 
 
 @pytest.fixture(scope="module")
 def engine(tiny):
     tokenizer, model = tiny
-    engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, gpu_memory_utilization=0.05, max_num_seqs=64)
+    engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, gpu_memory_utilization=0.1, max_num_seqs=64)
     yield engine
     engine.close()
 

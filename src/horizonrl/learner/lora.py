@@ -5,26 +5,35 @@ The reference policy of a LoRA run is the actor inside `adapters_disabled` (`Ada
 second copy of the weights. The inference engine and the model folders get `merged_parameters` (the
 base model's names, W + alpha/r * B @ A); `save_adapters` writes the adapters alone (PEFT's folder,
 which `PeftModel.from_pretrained` loads back onto the base model).
+
+peft is imported only by a run that asks for adapters (it costs ~100 MB of memory in every process
+that imports it, vLLM's engine processes forked from ours included).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from peft import LoraConfig, PeftModel, get_peft_model
-from peft.tuners.lora import Linear as LoraLinear
-from peft.tuners.lora import LoraLayer
 from torch import Tensor, nn
 
 from horizonrl.config import LoRAConfig
 from horizonrl.learner.distributed import full_tensor
 
+if TYPE_CHECKING:
+    from peft import LoraConfig, PeftModel
+    from peft.tuners.lora import Linear as LoraLinear
+    from peft.tuners.lora import LoraLayer
+
 
 def peft_config(lora: LoRAConfig, task_type: str | None = None) -> LoraConfig:
     """PEFT's LoraConfig for `lora` (the update of a targeted linear layer is alpha / r * B @ A)."""
+    from peft import LoraConfig
+
     return LoraConfig(task_type=task_type, r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                       target_modules=lora.target_modules)
 
@@ -32,6 +41,8 @@ def peft_config(lora: LoRAConfig, task_type: str | None = None) -> LoraConfig:
 def add_lora(model: nn.Module, lora: LoRAConfig) -> PeftModel:
     """The causal LM `model` with adapters injected in place (B = 0: same outputs as before), wrapped
     in a PeftModel; only the adapter parameters require grad."""
+    from peft import get_peft_model
+
     return get_peft_model(model, peft_config(lora, task_type="CAUSAL_LM"))
 
 
@@ -39,6 +50,8 @@ def add_critic_lora(critic: nn.Module, lora: LoRAConfig) -> nn.Module:
     """`critic` (a learner.models.ValueModel) with its backbone wrapped in a PeftModel with adapters
     (B = 0: same values as before); only the adapters and the value head require grad. Returns the
     critic, changed in place; its forward is unchanged."""
+    from peft import get_peft_model
+
     critic.backbone = get_peft_model(critic.backbone, peft_config(lora))
     critic.value_head.requires_grad_(True)
     return critic
@@ -50,7 +63,9 @@ def add_adapters(actor: nn.Module, critic: nn.Module | None, lora: LoRAConfig) -
 
 
 def is_peft(model: nn.Module) -> bool:
-    return isinstance(model, PeftModel)
+    """Whether `model` is PEFT-wrapped (never, where peft was not imported)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def adapters_disabled(model: nn.Module):
@@ -92,12 +107,17 @@ def merged_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
     an unsharded, unadapted entry is the live parameter itself (read it, do not write it). A plain
     model yields its own state dict.
     """
-    base = model.get_base_model() if is_peft(model) else model
-    layers = {path: module for path, module in base.named_modules() if isinstance(module, LoraLayer)}
-    for path, layer in layers.items():
-        if not isinstance(layer, LoraLinear) or layer.lora_variant or any(layer.lora_bias.values()):
-            raise ValueError(f"{path}: merged_parameters merges plain LoRA on linear layers only, "
-                             f"not {type(layer).__name__} (DoRA, LoRA bias, embeddings)")
+    base, layers = model, {}
+    if is_peft(model):
+        from peft.tuners.lora import Linear as LoraLinear
+        from peft.tuners.lora import LoraLayer
+
+        base = model.get_base_model()
+        layers = {path: module for path, module in base.named_modules() if isinstance(module, LoraLayer)}
+        for path, layer in layers.items():
+            if not isinstance(layer, LoraLinear) or layer.lora_variant or any(layer.lora_bias.values()):
+                raise ValueError(f"{path}: merged_parameters merges plain LoRA on linear layers only, "
+                                 f"not {type(layer).__name__} (DoRA, LoRA bias, embeddings)")
     for key, value in base.state_dict(keep_vars=True).items():
         owner = _lora_owner(key, layers)
         if owner is None:
