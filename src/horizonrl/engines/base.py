@@ -7,8 +7,8 @@ import collections
 import hashlib
 import re
 from array import array
-from dataclasses import dataclass, replace
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol, runtime_checkable
 
 from torch import Tensor

@@ -48,9 +48,7 @@ class Ranks:
         """Element-wise sum over the ranks (float64)."""
         if not self.distributed:
             return list(values)
-        t = torch.tensor(values, dtype=torch.float64, device=self._device)
-        dist.all_reduce(t)
-        return t.tolist()
+        return self.sum_tensor(torch.tensor(values, dtype=torch.float64, device=self._device)).tolist()
 
     def sum_tensor(self, t: torch.Tensor) -> torch.Tensor:
         """`t` summed over the ranks (a new tensor; `t` itself in a plain process)."""

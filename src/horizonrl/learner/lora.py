@@ -52,8 +52,7 @@ def add_critic_lora(critic: nn.Module, lora: LoRAConfig) -> nn.Module:
     critic, changed in place; its forward is unchanged."""
     from peft import get_peft_model
 
-    critic.backbone = get_peft_model(critic.backbone, peft_config(lora))
-    critic.value_head.requires_grad_(True)
+    critic.backbone = get_peft_model(critic.backbone, peft_config(lora))   # the value head stays trainable
     return critic
 
 

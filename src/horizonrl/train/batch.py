@@ -136,16 +136,21 @@ def group_advantages_to_tokens(batch: PPOBatch, estimator: str, ranks: Ranks = L
     batch.data["returns"] = broadcast_to_tokens(rewards, row_episode, batch.data["loss_mask"])
 
 
+def sampled_tokens(batches: list[PPOBatch], key: str, ranks: Ranks = LOCAL) -> Tensor:
+    """`key` at the sampled tokens of every batch on every rank, one flat tensor (rank by rank)."""
+    mine = torch.cat([b.data[key][b.data["loss_mask"].bool()].cpu() for b in batches])
+    return torch.cat(ranks.gather(mine)).to(batches[0].data[key].device)
+
+
 def batch_metrics(batch: PPOBatch, tis_cap: float | None = None, ranks: Ranks = LOCAL) -> dict[str, float]:
     """Data, KL, critic-fit and sampler-consistency statistics of a prepared batch, over every rank's
     rows (with `tis_cap`, the mean truncated importance weight and the fraction of tokens whose weight
     the cap cut)."""
     data = batch.data
-    sampled = data["loss_mask"].bool()
-    tokens = {key: torch.cat([t.to(sampled.device) for t in ranks.gather(data[key][sampled].cpu())])
+    tokens = {key: sampled_tokens([batch], key, ranks)
               for key in ("logp_old", "logp_ref", "returns", "values_old", "logp_engine") if key in data}
     n = float(tokens["logp_old"].numel())
-    attended, rows, bootstrap_prompts = ranks.sum([float(data["attention_mask"].sum()), float(sampled.shape[0]),
+    attended, rows, bootstrap_prompts = ranks.sum([float(data["attention_mask"].sum()), float(len(data["loss_mask"])),
                                                    float(len(batch.samples.bootstrap_prompts))])
     every = torch.ones_like(tokens["logp_old"])
     metrics = {

@@ -12,7 +12,7 @@ import torch
 
 from horizonrl.algos.losses import explained_variance
 from horizonrl.learner.update import Stats, minibatch_updates
-from horizonrl.train.batch import PPOBatch, estimate_advantages, refresh_values
+from horizonrl.train.batch import PPOBatch, estimate_advantages, refresh_values, sampled_tokens
 
 if TYPE_CHECKING:
     from horizonrl.train.context import RunContext
@@ -31,11 +31,6 @@ def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
         refresh_values(batch, ctx.critic, ctx.pad_id, optim.micro_batch_budget, ctx.ranks)
         estimate_advantages(batch, cfg.ppo, ctx.ranks)
     metrics = stats.means("train/critic/")
-
-    def every_rank(key: str) -> torch.Tensor:      # the sampled tokens' `key` of every batch on every rank
-        mine = torch.cat([b.data[key][b.data["loss_mask"].bool()].cpu() for b in batches])
-        return torch.cat(ctx.ranks.gather(mine))
-
-    values, returns = every_rank("values_old"), every_rank("returns")
+    values, returns = (sampled_tokens(batches, key, ctx.ranks) for key in ("values_old", "returns"))
     metrics["train/critic/explained_variance"] = explained_variance(values, returns, torch.ones_like(values))
     return metrics
