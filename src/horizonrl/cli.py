@@ -1,7 +1,7 @@
 """horizonrl command line.
 
     horizonrl train [CONFIG] [key=value ...]    train (no CONFIG: the default recipe, configs/babyai_tiny.yaml)
-    horizonrl train --resume RUN [iterations=N] [save_every=K]
+    horizonrl train --resume RUN [iterations=N] [save_every=K] [budget.env_steps=S] [budget.wall_clock_s=T]
                                                 continue RUN from its last checkpoint (checkpoints/)
     horizonrl sft [CONFIG] [key=value ...]      supervised warm start from the env's expert demonstrations
     horizonrl envs                              list every env id
@@ -30,12 +30,12 @@ from horizonrl.config import ConfigError, load_config
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="horizonrl", description="Multi-turn RL for LLM agents.")
     commands = parser.add_subparsers(dest="command", required=True)
-    train_cmd = commands.add_parser("train", help="train an agent with PPO")
+    train_cmd = commands.add_parser("train", help="train an agent (PPO, a group algorithm or GiGPO)")
     train_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
                            help="a recipe YAML (default configs/babyai_tiny.yaml) and dotted overrides, e.g. actor.lr=1e-5")
     train_cmd.add_argument("--resume", metavar="RUN", help="continue the run folder RUN from its last checkpoint, "
-                                                           "with its config.yaml (only iterations=N and save_every=K "
-                                                           "can be changed)")
+                                                           "with its config.yaml (only iterations, save_every and "
+                                                           "budget.* can be changed)")
     train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     sft_cmd = commands.add_parser("sft", help="supervised warm start from the env's expert demonstrations")
     sft_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",

@@ -3,7 +3,8 @@
 Sections say which algorithm reads them. Every algorithm: model, env (or task), agent, rollout,
 optim (the optimiser steps), actor (its learning rate and policy loss), samples/merge, checkpointing
 (save_every) and report_to. PPO only: ppo (fixed-turn batches, GAE, KL in the reward) and critic.
-Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp: `algos.group.ESTIMATORS`): group. Settings
+Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp: `algos.group.ESTIMATORS`, and gigpo): group;
+gigpo also reads gigpo (its step-level advantage; every env must have state_key()). Settings
 an algorithm does not read are no error, and a cross-field check runs only for the algorithm it is
 about. `actor.kl_loss_coef` (KL in the actor loss) works with every algorithm, ppo included.
 
@@ -33,7 +34,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from horizonrl.algos.group import ESTIMATORS
 
-ALGORITHMS = ("ppo", *ESTIMATORS)
+ALGORITHMS = ("ppo", *ESTIMATORS, "gigpo")
 SINKS = ("jsonl", "tensorboard", "wandb")   # where each iteration's metrics go (report/sinks.py)
 MOVED = {  # keys of earlier layouts -> their place now
     **{f"ppo.{key}": f"optim.{key}" for key in ("weight_decay", "grad_clip", "epochs", "mini_batch_size",
@@ -321,13 +322,21 @@ class MergeConfig(Section):
 
 
 class GroupConfig(Section):
-    """Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp; the estimator is `algorithm`): episode
-    groups of one task, scored by an outcome reward."""
+    """Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp, gigpo; the estimator is `algorithm`):
+    episode groups of one task, scored by an outcome reward."""
 
     n_tasks: int = Field(8, gt=0, description="tasks (env seeds) per batch")
     group_size: int = Field(8, gt=1, description="rollouts per task")
     max_turns: int = Field(32, gt=0, description="turns after which an episode is truncated")
     reward_fn: Importable | None = Field(None, description='"module:function" taking an Episode; None: its return')
+
+
+class GiGPOConfig(Section):
+    """algorithm=gigpo only: the step-level advantage added to the episode's (algos/gigpo.py)."""
+
+    gamma: float = Field(0.95, ge=0, le=1, description="discount of the step returns")
+    step_weight: float = Field(1.0, ge=0, description="weight of the step advantage")
+    norm: Literal["std", "none"] = Field("std", description="std: (x - mean) / (std + eps); none: x - mean")
 
 
 class SFTConfig(Section):
@@ -371,10 +380,18 @@ class DistConfig(Section):
     timeout_s: float = Field(600.0, gt=0, description="a collective that waits longer ends the job (a rank died)")
 
 
+class BudgetConfig(Section):
+    """Stop the run after the iteration that reaches either limit (train/budget.py); `iterations` still caps it."""
+
+    env_steps: int | None = Field(None, gt=0, description="env steps (turns) of every rank, critic warmup included")
+    wall_clock_s: float | None = Field(None, gt=0, description="seconds of iterations, over every resume")
+
+
 class TrainConfig(Section):
     name: str = "toy"
     seed: int = Field(0, ge=0, description="env seeds count up from seed * 1_000_003 (rollout/seeds.py)")
     iterations: int = Field(60, ge=0)
+    budget: BudgetConfig = BudgetConfig()
     save_every: int = Field(10, ge=0, description="iterations between resumable checkpoints (checkpoints/iter_N, "
                                                   "`train --resume`); 0: only after the last one and on a stop signal")
     device: str = "auto"
@@ -393,6 +410,7 @@ class TrainConfig(Section):
                                 "agent.history=full for env episodes (agent-loop tasks always extend)")
     merge: MergeConfig = MergeConfig()
     group: GroupConfig = GroupConfig()
+    gigpo: GiGPOConfig = GiGPOConfig()
     task: TaskConfig | None = None
     sft: SFTConfig = SFTConfig()
     report_to: list[Literal[SINKS]] = Field(["jsonl"], description="metrics sinks; jsonl is always written")
@@ -408,10 +426,22 @@ class TrainConfig(Section):
     def _task_fits(self) -> TrainConfig:
         if self.task is not None and self.algorithm == "ppo":
             raise InvalidKey("algorithm", "agent-loop tasks (task:) train with a group algorithm (grpo, dr_grpo, "
-                                          "rloo, reinforce_pp), not ppo")
-        if self.task is None and self.algorithm != "ppo" and len(self.env.ids) > 1:
-            raise InvalidKey("env.id", f"a list of env ids trains with ppo (fixed-turn streams); {self.algorithm} "
-                                       "groups rollouts of one env seed")
+                                          "rloo, reinforce_pp, gigpo), not ppo")
+        if self.task is None and self.algorithm != "ppo" and self.rollout.n_env < len(self.env.ids):
+            raise InvalidKey("rollout.n_env", f"{self.rollout.n_env} env handles cannot play each of the "
+                                              f"{len(self.env.ids)} env ids")
+        return self
+
+    @model_validator(mode="after")
+    def _gigpo_has_state_keys(self) -> TrainConfig:
+        """GiGPO groups turns by their env's state_key(): an env without one is refused before the run."""
+        from horizonrl.envs import make
+
+        if self.algorithm == "gigpo" and self.task is None:
+            for env_id in self.env.ids:
+                if not callable(getattr(make(env_id, **self.env.kwargs), "state_key", None)):
+                    raise InvalidKey("algorithm", f"gigpo compares turns that start in the same env state, and env "
+                                                  f"{env_id!r} has no state_key() (horizonrl.envs.base.TextEnv)")
         if self.task is not None and self.model.path is None and self.task.teacher is None:
             raise InvalidKey("task.teacher", "is needed to build a tiny model for a task (or set model.path)")
         return self

@@ -97,7 +97,7 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
             try:
                 for mode in modes:
                     params = sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode])
-                    collector = EpisodeGroupCollector(envs, env_id, agent, engine, params, n_tasks=len(seeds),
+                    collector = EpisodeGroupCollector(envs, [env_id], agent, engine, params, n_tasks=len(seeds),
                                                       group_size=1, max_turns=max_steps)
                     started = time.perf_counter()
                     summary = episode_summary(collector.collect_seeds(seeds))

@@ -25,6 +25,7 @@ class Turn:
     action: str | None = None
     valid_action: bool = True
     info: dict = field(default_factory=dict)
+    state_key: str | None = None        # the env state the turn started from (TextEnv.state_key; GiGPO)
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Every registered env keeps the TextEnv contract the agent and the collector rely on."""
 
+import asyncio
 import random
 
 import pytest
@@ -7,6 +8,7 @@ from optional_packages import skip_unless_installed  # tests/integration is on s
 
 from horizonrl import envs
 from horizonrl.envs.base import TextEnv
+from horizonrl.envs.pool import WorkerEnv
 
 BUILT_IN = sorted(i for i, spec in envs.REGISTRY.items() if str(spec.factory).startswith("horizonrl."))
 
@@ -29,3 +31,35 @@ def test_contract(env_id):
             assert isinstance(info["success"], bool) and 0.0 <= info["progress"] <= 1.0
             break
     assert envs.make(env_id).reset(11)[0] == first          # same seed, same start
+
+
+@pytest.mark.parametrize("env_id", BUILT_IN)
+def test_state_key_names_the_state_the_same_way_in_every_env_and_process(env_id):
+    """Same seed and actions -> same key, in a fresh env and in a worker process (GiGPO compares keys from
+    every env handle and rank); a key is a short string."""
+    skip_unless_installed(env_id)
+    actions = []
+    env = envs.make(env_id)
+    env.reset(11)
+    keys = [env.state_key()]
+    rng = random.Random(1)
+    for _ in range(4):
+        actions.append(rng.choice(env.actions))
+        *_, terminated, truncated, _ = env.step(actions[-1])
+        keys.append(env.state_key())
+        if terminated or truncated:
+            break
+    assert all(isinstance(key, str) and len(key) == 32 for key in keys)
+    worker = WorkerEnv(env_id, {})
+    try:
+        asyncio.run(worker.reset(11))
+        replayed = [worker.state_key]
+        for action in actions:
+            asyncio.run(worker.step(action))
+            replayed.append(worker.state_key)
+    finally:
+        worker.close()
+    assert replayed == keys
+    other = envs.make(env_id)
+    other.reset(12)
+    assert other.state_key() != keys[0]                      # another seed, another start

@@ -12,7 +12,7 @@ from horizonrl.rollout.episode_groups import EpisodeGroupCollector, episode_retu
 def collector_for(tokenizer, n_tasks, n_handles=2, max_turns=30, reward_fn=episode_return):
     handles = open_envs("river", {"stones": 2, "max_steps": 6}, n_handles, workers=False, timeout_s=10)
     engine = RandomFormatEngine(tokenizer, handles[0].actions, seed=0)
-    return EpisodeGroupCollector(handles, "river", Agent(tokenizer), engine, SamplingParams(), n_tasks=n_tasks,
+    return EpisodeGroupCollector(handles, ["river"], Agent(tokenizer), engine, SamplingParams(), n_tasks=n_tasks,
                                  group_size=4, max_turns=max_turns, reward_fn=reward_fn, seed=1)
 
 

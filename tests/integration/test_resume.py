@@ -76,7 +76,7 @@ def assert_same_run(run: Path, straight: Path, algorithm: str = "ppo") -> None:
 
 
 def deterministic(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not k.startswith(("timing/", "perf/"))}
+    return {k: v for k, v in record.items() if not k.startswith(("timing/", "perf/")) and k != "progress/wall_clock_s"}
 
 
 def _lines(path: Path) -> list[dict]:
@@ -158,7 +158,7 @@ def test_resume_refuses_other_overrides_and_a_run_without_checkpoint(tmp_path, c
     run.mkdir()
     (run / "config.yaml").write_text(dump(load_config(TOY, SMALL)))
     assert main(["train", "--resume", str(run), "actor.lr=1.0"]) == 2
-    assert "only iterations, save_every can be changed (got actor.lr)" in capsys.readouterr().err
+    assert "only iterations, save_every, budget.env_steps, budget.wall_clock_s can be changed (got actor.lr)" in capsys.readouterr().err
     assert main(["train", "--resume", str(run)]) == 2
     assert f"cannot resume: {run} has no complete checkpoint" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "nowhere")]) == 2

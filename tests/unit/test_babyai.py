@@ -157,3 +157,14 @@ def test_truncation_at_max_steps():
         assert truncated == (turn == 2)
     assert info["success"] is False and info["progress"] == 0.0
     assert env.unwrapped.step_count == env.unwrapped.max_steps == 3
+
+
+def test_state_key_follows_position_direction_and_grid():
+    env = BabyAIEnv("pickup")
+    env.reset(3)
+    start = env.state_key()
+    env.step("turn left")
+    turned = env.state_key()
+    for _ in range(3):
+        env.step("turn left")
+    assert turned != start and env.state_key() == start      # four left turns: the same state again

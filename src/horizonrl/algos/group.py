@@ -78,7 +78,7 @@ def group_advantages(rewards: Tensor, group_index: Tensor, estimator: str, eps: 
     if estimator == "grpo":
         sq = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, group, centred**2)
         std = (sq[group] / (n - 1).clamp(min=1)).sqrt()
-        return centred / (std + eps)
+        return centred / torch.where(flat, torch.ones_like(std), std + eps)   # 0, not 0/0, at eps = 0
     # reinforce_pp: whiten the group-centred rewards over the whole batch
     if centred.numel() < 2:
         return torch.zeros_like(centred)

@@ -50,7 +50,7 @@ from minigrid.envs.babyai.core.roomgrid_level import RoomGridLevel
 from minigrid.envs.babyai.core.verifier import BeforeInstr, GoToInstr, ObjDesc, PickupInstr
 from minigrid.utils.baby_ai_bot import BabyAIBot
 
-from horizonrl.envs.base import Instruction
+from horizonrl.envs.base import Instruction, state_digest
 
 ACTIONS = {
     "turn left": "turn 90 degrees to the left",
@@ -167,6 +167,13 @@ class BabyAIEnv:
         self._mission = self._env.mission
         self._bot = None
         return describe(self._env), {"mission": self._mission}
+
+    def state_key(self) -> str:
+        """The agent's cell, direction and carried object, and every cell of the grid (doors open or not)."""
+        env = self._env
+        carrying = env.carrying.encode() if env.carrying is not None else None
+        return state_digest(tuple(int(x) for x in env.agent_pos), int(env.agent_dir), carrying,
+                            env.grid.encode().tobytes())
 
     def expert_action(self) -> tuple[str, str]:
         """(action, reason): the next action of minigrid's BabyAI bot, which plans from the full grid

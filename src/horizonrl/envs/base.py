@@ -8,6 +8,9 @@ An env speaks text: observations are strings, actions are names from `env.action
         at the episode's end (terminated or truncated) `info` carries `success` (bool) and
         `progress` (float in [0, 1]); `info["metrics"]`, at any step, maps names to floats that are
         logged as `env/<name>`.
+    state_key()        a short string naming the current state (what the agent faces, not the step count):
+                       equal keys mean equal states; GiGPO (algos/gigpo.py) compares turns that start in one
+                       state. Deterministic across processes (`state_digest`, never Python's salted hash)
     instruction        read again before every prompt, so it may change during an episode
     translations       normalised near-miss -> action name (e.g. "move forward" -> "go forward")
     unwrapped          the simulator underneath (minigrid, crafter, ...), for tests and debugging
@@ -15,6 +18,7 @@ An env speaks text: observations are strings, actions are names from `env.action
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -48,3 +52,11 @@ class TextEnv(Protocol):
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]: ...
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]: ...
+
+    def state_key(self) -> str: ...
+
+
+def state_digest(*parts: Any) -> str:
+    """A 32-hex-digit digest of `parts` (ints, strings, bytes and tuples of them: their repr is the same in
+    every process), the state key of an env whose state they are."""
+    return hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()

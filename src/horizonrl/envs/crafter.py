@@ -24,7 +24,7 @@ from typing import Any
 import crafter
 from crafter import constants
 
-from horizonrl.envs.base import Instruction
+from horizonrl.envs.base import Instruction, state_digest
 
 # Our action name -> crafter's action name; crafter's action index is constants.actions.index(name).
 CRAFTER_NAMES = {
@@ -148,6 +148,7 @@ class CrafterEnv:
         self.window = (view, rows)     # visible cells (east-west, north-south), as crafter draws them
         self.unlocked: set[str] = set()
         self._env: crafter.Env | None = None
+        self.shown = ""                 # the last observation
 
     @property
     def unwrapped(self) -> crafter.Env | None:
@@ -177,7 +178,8 @@ class CrafterEnv:
                                 length=self.max_steps, seed=seed)
         self._env.reset()
         self.unlocked = set()
-        return self._observation(), {"achievements": []}
+        self.shown = self._observation()
+        return self.shown, {"achievements": []}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if action not in CRAFTER_NAMES:
@@ -192,7 +194,12 @@ class CrafterEnv:
                         progress=len(self.unlocked) / len(ACHIEVEMENTS))
             info["metrics"] = {"achievements": float(len(self.unlocked)),
                                **{f"achievement/{name}": float(name in self.unlocked) for name in ACHIEVEMENTS}}
-        return self._observation(), float(reward), bool(terminated), bool(truncated), info
+        self.shown = self._observation()
+        return self.shown, float(reward), bool(terminated), bool(truncated), info
+
+    def state_key(self) -> str:
+        """What the last observation shows (the world beyond the view is not part of the key)."""
+        return state_digest(self.shown)
 
     def visible(self) -> dict[str, tuple[int, int]]:
         """Each kind in view -> offset (dx east, dy south) of its nearest cell, nearest kinds first.

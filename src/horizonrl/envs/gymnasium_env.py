@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from horizonrl.envs.base import Instruction
+from horizonrl.envs.base import Instruction, state_digest
 
 
 class GymnasiumTextEnv:
@@ -27,6 +27,7 @@ class GymnasiumTextEnv:
         self.actions = list(instruction.actions)
         self.default_action = default_action or self.actions[0]
         self.translations = translations or {}
+        self.shown = ""                 # the last observation text
         if isinstance(env.action_space, spaces.Discrete):
             if env.action_space.n != len(self.actions):
                 raise ValueError(f"instruction names {len(self.actions)} actions but the env's Discrete space has "
@@ -49,7 +50,8 @@ class GymnasiumTextEnv:
 
     def reset(self, seed: int) -> tuple[str, dict]:
         observation, info = self.env.reset(seed=seed)
-        return self.describe(observation), dict(info)
+        self.shown = self.describe(observation)
+        return self.shown, dict(info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if action not in self._to_env:
@@ -59,7 +61,12 @@ class GymnasiumTextEnv:
         if terminated or truncated:
             success = bool(info.get("success", terminated and reward > 0))
             info.update(success=success, progress=float(info.get("progress", float(success))))
-        return self.describe(observation), float(reward), bool(terminated), bool(truncated), info
+        self.shown = self.describe(observation)
+        return self.shown, float(reward), bool(terminated), bool(truncated), info
+
+    def state_key(self) -> str:
+        """The last observation text: a gymnasium env's state is what `describe` shows of it."""
+        return state_digest(self.shown)
 
     def close(self) -> None:
         self.env.close()

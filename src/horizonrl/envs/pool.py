@@ -1,7 +1,8 @@
 """Async env handles for the collector: in-process, or one worker process per env stream.
 
-Both kinds expose what the agent reads (`actions`, `default_action`, `translations`, `instruction`)
-and `async reset(seed)` / `async step(action)`. A call that raises, or that has not answered after
+Both kinds expose what the agent reads (`actions`, `default_action`, `translations`, `instruction`),
+`state_key` (the env's state_key() after the last reset or step; None for an env without one) and
+`async reset(seed)` / `async step(action)`. A call that raises, or that has not answered after
 `timeout_s` (worker processes only), raises `EnvError` after the handle has rebuilt its env (a new
 worker process), so the stream can go on with a fresh episode. `errors` counts these recoveries.
 
@@ -30,6 +31,11 @@ def env_view(env) -> tuple[list[str], str, dict[str, str], Instruction]:
     return list(env.actions), env.default_action, dict(env.translations), env.instruction
 
 
+def state_of(env) -> str | None:
+    """The env's state_key() (None for an env that has none; only GiGPO needs it)."""
+    return env.state_key() if hasattr(env, "state_key") else None
+
+
 class InProcessEnv:
     """Calls the env directly on the event loop; cheap for fast envs, no hang protection."""
 
@@ -37,6 +43,7 @@ class InProcessEnv:
         self.env_id, self.kwargs = env_id, kwargs
         self.env = registry.make(env_id, **kwargs)
         self.errors = 0
+        self.state_key: str | None = None
         self._refresh()
 
     def _refresh(self) -> None:
@@ -57,6 +64,7 @@ class InProcessEnv:
             self._refresh()
             raise EnvError(f"{self.env_id} {method}({argument!r}) raised {type(error).__name__}: {error}") from error
         self._refresh()
+        self.state_key = state_of(self.env)
         return result
 
     def close(self) -> None:
@@ -71,6 +79,7 @@ class WorkerEnv:
     def __init__(self, env_id: str, kwargs: dict, timeout_s: float = 60.0, wait: bool = True):
         self.env_id, self.kwargs, self.timeout_s = env_id, kwargs, timeout_s
         self.errors = 0
+        self.state_key: str | None = None
         self._launch()
         if wait:
             self.wait_ready()
@@ -114,7 +123,8 @@ class WorkerEnv:
             self._restart()
             raise EnvError(f"{self.env_id} {method}({argument!r}) raised {payload}")
         self.actions, self.default_action, self.translations, self.instruction = view
-        return payload
+        result, self.state_key = payload
+        return result
 
     async def _readable(self, timeout_s: float) -> None:
         loop, ready = asyncio.get_running_loop(), asyncio.Event()
@@ -169,7 +179,7 @@ def _serve(conn, env_id: str, env_spec: registry.EnvSpec, kwargs: dict) -> None:
             return
         try:
             result = getattr(env, method)(argument)
-            conn.send(("ok", result, env_view(env)))
+            conn.send(("ok", (result, state_of(env)), env_view(env)))
         except Exception as error:
             conn.send(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc(limit=3)}", None))
 

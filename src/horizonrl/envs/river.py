@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 
-from horizonrl.envs.base import Instruction
+from horizonrl.envs.base import Instruction, state_digest
 
 ACTIONS = {
     "jump left": "jump to the stone on your left",
@@ -55,6 +55,10 @@ class River:
         self.sides = [rng.choice(["left", "right"]) for _ in range(self.stones)]
         self.position = self.steps = 0
         return self._observation(), {}
+
+    def state_key(self) -> str:
+        """Where the agent stands on which river."""
+        return state_digest(self.position, tuple(self.sides))
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if action not in ACTIONS:

@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from horizonrl.envs.base import Instruction
+from horizonrl.envs.base import Instruction, state_digest
 
 SETTINGS = {
     "simple": {"rewards": "dense", "goal": "detailed", "test": False},
@@ -109,6 +109,7 @@ class TextWorldEnv:
         self.walkthrough: list[str] = []   # a winning command sequence from the start, for tests and debugging
         self.score, self.max_score, self.steps = 0, 1, 0
         self._env = None
+        self.shown = ""                 # the last observation
 
     @property
     def unwrapped(self):
@@ -165,7 +166,8 @@ class TextWorldEnv:
         self.walkthrough = list(state.get("extra.walkthrough") or [])
         self.score, self.max_score, self.steps = state["score"], state["max_score"] or 1, 0
         self.actions = list(state["admissible_commands"])
-        return clean(state["feedback"], self.objective), {}
+        self.shown = clean(state["feedback"], self.objective)
+        return self.shown, {}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Send `action`, any text command, to the game."""
@@ -181,4 +183,9 @@ class TextWorldEnv:
         if terminated or truncated:
             info.update(success=bool(state["won"]), progress=min(1.0, max(0.0, self.score / self.max_score)))
             info["metrics"] = {"score": float(self.score)}
-        return clean(state["feedback"]), float(reward), terminated, truncated, info
+        self.shown = clean(state["feedback"])
+        return self.shown, float(reward), terminated, truncated, info
+
+    def state_key(self) -> str:
+        """What the last observation shows, the commands the game offers now, and the score."""
+        return state_digest(self.shown, tuple(sorted(self.actions)), self.score)

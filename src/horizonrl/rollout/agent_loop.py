@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from horizonrl.agents.agent import chat_prompt_ids, new_round_ids
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.engines.retry import generate_with_retry
+from horizonrl.envs.base import state_digest
 from horizonrl.records import Episode, Task, Turn
 from horizonrl.rollout.interaction import Interaction
 from horizonrl.tools.calls import (CLOSE_TAG, ToolCall, ToolResult, format_tool_response, parse_tool_calls,
@@ -118,7 +119,9 @@ async def generating(loop: AgentLoop, trajectory: Trajectory) -> State:
             "weights_version": generation.weights_version}
     if retries:
         info["engine_retries"] = retries
-    trajectory.turns.append(Turn(list(trajectory.ids), list(generation.token_ids), generation.logprobs, info=info))
+    # the state of an agent-loop turn is its whole context: turns of one task with equal prompts are GiGPO anchors
+    trajectory.turns.append(Turn(list(trajectory.ids), list(generation.token_ids), generation.logprobs, info=info,
+                                 state_key=state_digest(*trajectory.ids)))
     trajectory.ids += generation.token_ids
     trajectory.messages.append({"role": "assistant", "content": text})
     if generation.finish_reason == "length":

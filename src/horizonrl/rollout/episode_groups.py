@@ -1,10 +1,11 @@
 """Episode-group collector (GRPO and friends): `n_tasks` tasks x `group_size` whole episodes.
 
-A task is an env seed; its `group_size` rollouts all start from that seed and share a `group_id`, so
-a group estimator can compare them. Each episode runs until the env ends it or `max_turns` turns have
+A task is an env id and a seed; its `group_size` rollouts all start from that seed and share a
+`group_id`, so a group estimator can compare them. With several env ids, task j of a batch plays
+env_ids[j % len(env_ids)] (as stream j does in the fixed-turn collector). Each episode runs until the env ends it or `max_turns` turns have
 been played (its last turn is then marked truncated; `max_turns=None` leaves the limit to the env).
-Rollouts run concurrently, each on an env handle taken from a free list, so `len(envs)` bounds how
-many are in flight. An env error closes that episode as in the fixed-turn collector (its metrics carry
+Rollouts run concurrently, each on an env handle of its env id taken from a free list, so the handles
+of an id bound how many of its rollouts are in flight. An env error closes that episode as in the fixed-turn collector (its metrics carry
 the error; estimators leave it out). `collect_seeds` plays given seeds, e.g. held-out ones (evaluate.py).
 
 The outcome reward of an episode is `reward_fn(episode)`, which sees the whole Episode — every turn,
@@ -43,12 +44,16 @@ def load_reward_fn(path: str | None) -> RewardFn:
 
 
 class EpisodeGroupCollector:
-    def __init__(self, envs: list, task: str, agent: Agent, engine: Engine, params: SamplingParams, n_tasks: int,
-                 group_size: int, max_turns: int | None, reward_fn: RewardFn = episode_return, seed: int = 0,
-                 share: range | None = None):
-        """`envs`: async env handles (horizonrl.envs.pool); rollouts share them. `share`: which of each
-        batch's `n_tasks` tasks this process plays (a rank of a torchrun job; default all)."""
-        self.envs, self.task, self.agent, self.engine, self.params = envs, task, agent, engine, params
+    def __init__(self, envs: list, env_ids: list[str], agent: Agent, engine: Engine, params: SamplingParams,
+                 n_tasks: int, group_size: int, max_turns: int | None, reward_fn: RewardFn = episode_return,
+                 seed: int = 0, share: range | None = None):
+        """`envs`: async env handles (horizonrl.envs.pool), at least one per env id; rollouts share them.
+        `share`: which of each batch's `n_tasks` tasks this process plays (a rank of a torchrun job;
+        default all)."""
+        missing = set(env_ids) - {env.env_id for env in envs}
+        if missing:
+            raise ValueError(f"no env handle for {', '.join(sorted(missing))}")
+        self.envs, self.env_ids, self.agent, self.engine, self.params = envs, env_ids, agent, engine, params
         self.n_tasks, self.group_size, self.max_turns, self.reward_fn = n_tasks, group_size, max_turns, reward_fn
         self.share = range(n_tasks) if share is None else share
         self.next_seed = first_training_seed(seed)
@@ -57,9 +62,10 @@ class EpisodeGroupCollector:
     def collect(self) -> list[Episode]:
         """`group_size` finished episodes of each of this process's share of the next `n_tasks` training
         seeds, grouped: task by task, rollout by rollout."""
-        seeds = [self.next_seed + j for j in self.share]
+        tasks = [(self.env_ids[j % len(self.env_ids)], self.next_seed + j) for j in self.share]
         self.next_seed += self.n_tasks
-        return self.collect_seeds(seeds)
+        self.errors = []
+        return asyncio.run(self._collect(tasks))
 
     def state_dict(self) -> dict:
         return {"next_seed": self.next_seed}
@@ -68,29 +74,30 @@ class EpisodeGroupCollector:
         self.next_seed = state["next_seed"]
 
     def collect_seeds(self, seeds: list[int]) -> list[Episode]:
-        """`group_size` finished episodes from each of `seeds` (e.g. held-out seeds for evaluation),
-        seed by seed; the training seed counter does not move."""
+        """`group_size` finished episodes of the first env id from each of `seeds` (e.g. held-out seeds
+        for evaluation), seed by seed; the training seed counter does not move."""
         self.errors = []
-        return asyncio.run(self._collect(seeds))
+        return asyncio.run(self._collect([(self.env_ids[0], seed) for seed in seeds]))
 
-    async def _collect(self, seeds: list[int]) -> list[Episode]:
-        free: asyncio.Queue = asyncio.Queue()
+    async def _collect(self, tasks: list[tuple[str, int]]) -> list[Episode]:
+        free: dict[str, asyncio.Queue] = {env_id: asyncio.Queue() for env_id in self.env_ids}
         for env in self.envs:
-            free.put_nowait(env)
-        jobs = [self._rollout(free, seed, k) for seed in seeds for k in range(self.group_size)]
+            if env.env_id in free:
+                free[env.env_id].put_nowait(env)
+        jobs = [self._rollout(free[env_id], env_id, seed, k) for env_id, seed in tasks for k in range(self.group_size)]
         return list(await asyncio.gather(*jobs))
 
-    async def _rollout(self, free: asyncio.Queue, seed: int, k: int) -> Episode:
+    async def _rollout(self, free: asyncio.Queue, env_id: str, seed: int, k: int) -> Episode:
         env = await free.get()
         try:
-            return await self._play(EnvStream(k, env, self.task, next_seed=seed, seed_stride=0), seed)
+            return await self._play(EnvStream(k, env, env_id, next_seed=seed, seed_stride=0), seed)
         finally:
             free.put_nowait(env)
 
     async def _play(self, stream: EnvStream, seed: int) -> Episode:
         note_errors(await stream.reset(), self.errors)
-        episode = Episode(f"{stream.episode_id}/rollout{stream.index}", self.task, seed,
-                          group_id=f"{self.task}/seed{seed}")
+        episode = Episode(f"{stream.episode_id}/rollout{stream.index}", stream.task, seed,
+                          group_id=f"{stream.task}/seed{seed}")
         while True:
             try:
                 turn, observation = await play_turn(stream, self.agent, self.engine, self.params)

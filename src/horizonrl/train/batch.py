@@ -18,10 +18,11 @@ import torch
 from torch import Tensor
 
 from horizonrl.algos.advantages import dual_discount_gae, whiten
+from horizonrl.algos.gigpo import anchor_group_sizes, gigpo_advantages
 from horizonrl.algos.group import broadcast_to_tokens, group_advantages
 from horizonrl.algos.kl import kl_estimate, kl_in_reward
 from horizonrl.algos.losses import explained_variance, tis_weights
-from horizonrl.config import MergeConfig, MicroBatchBudget, PPOConfig
+from horizonrl.config import GiGPOConfig, MergeConfig, MicroBatchBudget, PPOConfig
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.scoring import prompt_values, score
 from horizonrl.records import Episode, SampleBatch
@@ -134,6 +135,34 @@ def group_advantages_to_tokens(batch: PPOBatch, estimator: str, ranks: Ranks = L
             segment += 1
     batch.data["advantages"] = broadcast_to_tokens(advantages, row_episode, batch.data["loss_mask"])
     batch.data["returns"] = broadcast_to_tokens(rewards, row_episode, batch.data["loss_mask"])
+
+
+def gigpo_advantages_to_tokens(batch: PPOBatch, gigpo: GiGPOConfig, ranks: Ranks = LOCAL) -> dict[str, float]:
+    """GiGPO's advantage of each turn (`gigpo_advantages`: the episode's outcome reward normalised in its
+    group, plus the turn's discounted return normalised over its anchor group, the group's turns from the
+    same env state) on every sampled token of the turn, stored in `data` with the outcome reward as the
+    return. A group and its anchor groups live on one rank, so this is local; the anchor statistics
+    returned cover every rank."""
+    device = batch.data["loss_mask"].device
+    groups: dict[str | None, int] = {}
+    episode_group = [groups.setdefault(e.group_id, len(groups)) for e in batch.episodes]
+    turns = [(n, t) for n, e in enumerate(batch.episodes) for t in e.turns]     # in the segments' order
+    if any(t.state_key is None for _, t in turns):
+        raise ValueError("gigpo needs every turn's state_key (TextEnv.state_key()); some turns have none")
+    step_episode = [n for n, _ in turns]
+    step_state = [t.state_key for _, t in turns]
+    rewards = torch.tensor([e.outcome_reward for e in batch.episodes], dtype=torch.float32, device=device)
+    advantages = gigpo_advantages(rewards, torch.tensor(episode_group, dtype=torch.long, device=device),
+                                  torch.tensor([t.reward for _, t in turns], dtype=torch.float32, device=device),
+                                  torch.tensor(step_episode, dtype=torch.long, device=device), step_state,
+                                  gigpo.gamma, gigpo.step_weight, gigpo.norm)
+    shape, index = batch.data["input_ids"].shape, batch.index
+    batch.data["advantages"] = index.to_rows(advantages[:, None] * index.mask, shape)
+    batch.data["returns"] = index.to_rows(rewards[step_episode][:, None] * index.mask, shape)
+    sizes = anchor_group_sizes(episode_group, step_episode, step_state)
+    size_sum, steps, anchored = ranks.sum([sum(sizes), len(sizes), sum(size > 1 for size in sizes)])
+    return {"gigpo/anchor_group_size_mean": size_sum / max(steps, 1),
+            "gigpo/anchored_step_frac": anchored / max(steps, 1)}
 
 
 def sampled_tokens(batches: list[PPOBatch], key: str, ranks: Ranks = LOCAL) -> Tensor:

@@ -36,7 +36,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,11 +52,12 @@ from horizonrl.learner.distributed import LOCAL, Ranks, full_state_dict
 from horizonrl.learner.lora import adapter_state, is_peft, merged_parameters, save_adapters
 from horizonrl.report.trajectories import TRAJECTORIES
 from horizonrl.rollout.collector import Collector
+from horizonrl.train.budget import Progress
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
-RESUMABLE_KEYS = ("iterations", "save_every")  # the only overrides `--resume` takes
+RESUMABLE_KEYS = ("iterations", "save_every", "budget.env_steps", "budget.wall_clock_s")  # the only overrides `--resume` takes
 _ITERATION_FOLDER = re.compile(r"iter_(\d{6})")
 DCP_FOLDER = "dcp"   # the networks and optimizers, torch.distributed.checkpoint shards
 
@@ -162,6 +163,7 @@ class TrainingState:
     critic: torch.nn.Module | None = None
     critic_opt: torch.optim.Optimizer | None = None
     ranks: Ranks = LOCAL
+    progress: Progress = field(default_factory=Progress)
 
     def save(self, run_dir: Path, iteration: int) -> Path:
         """Write checkpoints/iter_<iteration>/ atomically (after fsyncing the run's logs, so they hold
@@ -193,6 +195,7 @@ class TrainingState:
                       str(folder / "training_state.safetensors"))
             (folder / "training_state.json").write_text(json.dumps(
                 {"iteration": iteration, "world_size": self.ranks.world_size, "engine": self.engine.state_dict(),
+                 "progress": self.progress.state_dict(),
                  "ranks": [m for _, m in everyone]}))
 
     def restore(self, folder: Path) -> int:
@@ -213,6 +216,7 @@ class TrainingState:
         rank = self.ranks.rank if self.ranks.rank < len(saved) else 0
         self.engine.sync_weights(self.actor, merged_parameters(self.actor))   # it was built from the initial policy
         self.engine.load_state_dict(meta["engine"])
+        self.progress.load_state_dict(meta.get("progress", {"env_steps": 0, "wall_clock_s": 0.0}))
         try:
             self.collector.load_state_dict(collector_share(self.collector, [m["collector"] for m in saved], self.ranks))
         except ValueError as error:   # the streams do not match the run's, or an env replays differently
@@ -295,22 +299,25 @@ class StopSignals:
 
 class Checkpointer:
     """When to save the TrainingState: after every `save_every`-th iteration (0: never on a schedule),
-    after the run's last iteration, and at the first iteration boundary after a stop signal, which then
-    ends the run with TrainingStopped. Call `iteration_done` once the iteration's records are written
-    and the engine has the new weights."""
+    after the run's last iteration (the last of `iterations`, or the one that spent the budget), and at
+    the first iteration boundary after a stop signal, which then ends the run with TrainingStopped. Call
+    `iteration_done` once the iteration's records are written and the engine has the new weights."""
 
     def __init__(self, run_dir: Path, state: TrainingState, cfg: TrainConfig, signals: StopSignals):
         self.run_dir, self.state, self.signals = run_dir, state, signals
-        self.save_every, self.last = cfg.save_every, cfg.iterations
+        self.save_every, self.last, self.budget = cfg.save_every, cfg.iterations, cfg.budget
 
-    def iteration_done(self, iteration: int) -> None:
-        """Under torchrun a signal to any rank stops every rank at the same boundary."""
+    def iteration_done(self, iteration: int) -> bool:
+        """True when the budget is spent and the run ends here. Under torchrun a signal to any rank, or
+        a budget spent by any rank's clock, stops every rank at the same boundary."""
         signum = self.state.ranks.max(self.signals.signum or 0)
+        spent = self.state.ranks.max(int(self.state.progress.spent(self.budget)))
         scheduled = self.save_every > 0 and iteration > 0 and iteration % self.save_every == 0
-        if scheduled or iteration == self.last or signum:
+        if scheduled or iteration == self.last or signum or spent:
             self.state.save(self.run_dir, iteration)
         if signum:
             raise TrainingStopped(self.run_dir, iteration, signum)
+        return bool(spent)
 
 
 @dataclass(frozen=True)

@@ -100,7 +100,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     elif cfg.task is not None:
         collector = task_collector(cfg, tokenizer, engine, params, ranks.share(cfg.group.n_tasks))
     else:
-        collector = EpisodeGroupCollector(envs, cfg.env.ids[0], agent, engine, params, cfg.group.n_tasks,
+        collector = EpisodeGroupCollector(envs, cfg.env.ids, agent, engine, params, cfg.group.n_tasks,
                                           cfg.group.group_size, cfg.group.max_turns,
                                           load_reward_fn(cfg.group.reward_fn), cfg.seed,
                                           ranks.share(cfg.group.n_tasks))

@@ -25,7 +25,7 @@ def expert_episodes(agent: Agent, env_id: str, env_kwargs: dict, episodes: int, 
         if not hasattr(handle.env, "expert_action"):
             raise ValueError(f"{env_id} has no expert to demonstrate it (no expert_action()); "
                              "demonstrations exist for the babyai/* envs")
-        collector = EpisodeGroupCollector([handle], env_id, agent, ExpertEngine(agent.tokenizer, handle),
+        collector = EpisodeGroupCollector([handle], [env_id], agent, ExpertEngine(agent.tokenizer, handle),
                                           SamplingParams(stop_patterns=agent.stop_patterns), n_tasks=episodes,
                                           group_size=1, max_turns=max_turns, seed=seed)
         return collector.collect()

@@ -6,6 +6,8 @@
     group_iteration   collect n_tasks x group_size whole episodes -> outcome reward per episode
                       -> rows scored by actor and reference -> group advantage on every sampled token
                       -> update actor -> sync weights to the engine          (grpo, dr_grpo, rloo, reinforce_pp)
+                      gigpo: + each turn's discounted return normalised among the turns of its group
+                      that start in the same env state (step-level credit, algos/gigpo.py)
 
 Iteration 0 of a ppo run is the critic warmup (`critic_warmup_iteration`). Every iteration's record
 goes to each metrics sink (metrics.jsonl always) and two sample episodes to trajectories.jsonl; the
@@ -33,7 +35,8 @@ from horizonrl.report.html import write_report
 from horizonrl.report.metrics import episode_metrics
 from horizonrl.report.sinks import check_sinks
 from horizonrl.report.trajectories import trajectory_records, write_trajectories
-from horizonrl.train.batch import PPOBatch, batch_metrics, estimate_advantages, group_advantages_to_tokens, prepare
+from horizonrl.train.batch import (PPOBatch, batch_metrics, estimate_advantages, gigpo_advantages_to_tokens,
+                                   group_advantages_to_tokens, prepare)
 from horizonrl.train.checkpoint import StopSignals, TrainingStopped, prepare_resume, save_checkpoint
 from horizonrl.train.context import RunContext, start_run
 from horizonrl.train.warmup import critic_warmup
@@ -96,8 +99,8 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
 
 
 def run_iterations(ctx: RunContext, progress: bool) -> None:
-    """Iterations ctx.first_iteration..cfg.iterations of the run's algorithm, each followed by a
-    checkpoint when one is due (or a stop signal asked for one)."""
+    """Iterations ctx.first_iteration..cfg.iterations of the run's algorithm (fewer when cfg.budget is spent
+    first), each followed by a checkpoint when one is due (or a stop signal asked for one)."""
     cfg = ctx.cfg
     iterate = ppo_iteration if cfg.algorithm == "ppo" else group_iteration
     bar = tqdm(range(ctx.first_iteration, cfg.iterations + 1), desc=cfg.name, disable=not progress,
@@ -105,7 +108,8 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
     for i in bar:
         record = critic_warmup_iteration(ctx) if i == 0 else iterate(ctx, i)
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
-        ctx.checkpointer.iteration_done(i)
+        if ctx.checkpointer.iteration_done(i):
+            break                                               # the budget is spent
 
 
 def ppo_iteration(ctx: RunContext, i: int) -> dict:
@@ -140,7 +144,11 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     clock.lap("rollout")
     kept = [e for e in episodes if "error" not in e.metrics]
     batch = score(ctx, kept, critic=None)                       # logp_old, logp_ref per token
-    group_advantages_to_tokens(batch, cfg.algorithm, ctx.ranks)  # outcome reward -> group advantage per token
+    if cfg.algorithm == "gigpo":                                # + step advantage from turns in the same state
+        step_stats = gigpo_advantages_to_tokens(batch, cfg.gigpo, ctx.ranks)
+    else:                                                       # outcome reward -> group advantage per token
+        step_stats = {}
+        group_advantages_to_tokens(batch, cfg.algorithm, ctx.ranks)
     clock.lap("score")
     actor_stats = Stats()
     minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, optim.epochs, ctx.shuffle,
@@ -150,7 +158,7 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     outcome_sum, n_kept = ctx.ranks.sum([sum(e.outcome_reward for e in kept), len(kept)])
     outcome = outcome_sum / max(n_kept, 1)
     return log_iteration(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
-                         {**actor_stats.means("train/actor/"), "train/outcome_reward_mean": outcome})
+                         {**actor_stats.means("train/actor/"), "train/outcome_reward_mean": outcome, **step_stats})
 
 
 def critic_warmup_iteration(ctx: RunContext) -> dict:
@@ -204,7 +212,9 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
 
 
 def write_records(ctx: RunContext, record: dict, batch: PPOBatch) -> dict:
-    """`record` to every metrics sink, two sample episodes of `batch` to trajectories.jsonl (rank 0's)."""
+    """`record`, with the run's progress (train/budget.py), to every metrics sink, two sample episodes of
+    `batch` to trajectories.jsonl (rank 0's)."""
+    record.update(ctx.checkpointer.state.progress.advance(record["env/turns"]))   # env/turns: every rank's
     if not ctx.ranks.is_main:
         return record
     ctx.metrics.write(record)

@@ -12,7 +12,7 @@ when no object IS YOU any more (failure, reward 0), or after `max_steps` moves (
 
 from __future__ import annotations
 
-from horizonrl.envs.base import Instruction
+from horizonrl.envs.base import Instruction, state_digest
 from horizonrl.envs.babaisai.levels import TASKS, make_level
 from horizonrl.envs.babaisai.world import Entity, World
 
@@ -71,6 +71,12 @@ class BabaIsAIEnv:
         self.world = make_level(self.task, seed)
         self.steps = 0
         return observe(self.world), {}
+
+    def state_key(self) -> str:
+        """Every entity on the grid (which also fixes the active rules) and the active rules."""
+        if self.world is None:
+            raise RuntimeError("call reset(seed) before state_key")
+        return state_digest(self.world.key(), tuple(sorted(map(str, self.world.rules))))
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if action not in ACTIONS:
