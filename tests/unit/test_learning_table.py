@@ -1,0 +1,93 @@
+"""benchmarks/learning.py's data transforms, with golden values worked by hand: a run's training curve from its
+metrics records, the aggregate over seeds, the markdown table, the plotted band and a cell's overrides."""
+
+import importlib.util
+from argparse import Namespace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "learning_benchmark", Path(__file__).resolve().parents[2] / "benchmarks" / "learning.py")
+learning = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(learning)
+
+
+def test_curve_falls_back_to_running_sums_of_turns_and_timings():
+    records = [{"iteration": 0, "env/turns": 2048, "env/success_rate": 0.15, "timing/warmup_s": 80.0},
+               {"iteration": 1, "env/turns": 256, "env/success_rate": None,
+                "timing/rollout_s": 1.0, "timing/score_s": 1.5, "timing/update_s": 2.5}]
+    assert learning.training_curve(records, ["river"]) == {
+        "env_steps": [2048, 2304], "wall_clock_s": [80.0, 85.0], "success_rate": {"river": [0.15, None]}}
+
+
+def test_curve_reads_progress_keys_and_the_success_of_each_task():
+    records = [{"iteration": 1, "env/turns": 256, "progress/env_steps": 1280, "progress/wall_clock_s": 95.0,
+                "env/success_rate": 0.5, "env/babyai/goto/success_rate": 0.75, "env/babyai/pickup/success_rate": 0.25},
+               {"iteration": 2, "env/turns": 256, "progress/env_steps": 1536, "progress/wall_clock_s": 107.0,
+                "env/success_rate": 1.0, "env/babyai/goto/success_rate": 1.0}]
+    assert learning.training_curve(records, ["babyai/goto", "babyai/pickup"]) == {
+        "env_steps": [1280, 1536], "wall_clock_s": [95.0, 107.0],
+        "success_rate": {"babyai/goto": [0.75, 1.0], "babyai/pickup": [0.25, None]}}
+
+
+def cell(algorithm: str, seed: int, greedy: float, sampled: float, init_greedy: float, wall_clock_s: float) -> dict:
+    return {"algorithm": algorithm, "seed": seed, "tasks": ["river"], "env_steps": 7168,
+            "wall_clock_s": wall_clock_s, "iterations": 20,
+            "final": {"greedy": {"river": greedy}, "sampled": {"river": sampled}},
+            "init": {"greedy": {"river": init_greedy}, "sampled": {"river": 0.25}}}
+
+
+CELLS = [cell("ppo", 0, 0.5, 0.25, 0.0, 200.0), cell("ppo", 1, 0.75, 0.5, 0.25, 220.0),
+         cell("ppo", 2, 1.0, 0.75, 0.5, 240.0), cell("grpo", 0, 0.0, 0.4, 0.0, 180.0)]
+
+
+def test_aggregate_over_seeds():
+    result = learning.aggregate(CELLS, ["ppo", "grpo", "gigpo"])
+    assert list(result) == ["ppo", "grpo"]   # gigpo has no finished cell
+    ppo = result["ppo"]
+    assert ppo["seeds"] == [0, 1, 2]
+    assert ppo["final"]["greedy"]["river"] == {"mean": 0.75, "min": 0.5, "max": 1.0}
+    assert ppo["final"]["sampled"]["river"] == {"mean": 0.5, "min": 0.25, "max": 0.75}
+    assert ppo["init"]["greedy"]["river"] == {"mean": 0.25, "min": 0.0, "max": 0.5}
+    assert ppo["wall_clock_s"] == {"mean": 220.0, "min": 200.0, "max": 240.0}
+    assert ppo["env_steps"] == {"mean": 7168, "min": 7168, "max": 7168}
+    assert result["grpo"]["final"]["greedy"]["river"] == {"mean": 0.0, "min": 0.0, "max": 0.0}
+
+
+def test_markdown_table():
+    table = learning.markdown_table(learning.aggregate(CELLS, ["ppo", "grpo"]), episodes=64)
+    assert table == (
+        "Held-out success (64 episodes per task and mode): init -> final [min, max over seeds].\n\n"
+        "| algorithm | seeds | river greedy | river sampled | env steps | wall-clock s | iterations |\n"
+        "|---|---|---|---|---|---|---|\n"
+        "| ppo | 3 | 0.25 -> 0.75 [0.50, 1.00] | 0.25 -> 0.50 [0.25, 0.75] | 7168 [7168, 7168] | 220 [200, 240] "
+        "| 20 [20, 20] |\n"
+        "| grpo | 1 | 0.00 -> 0.00 [0.00, 0.00] | 0.25 -> 0.40 [0.40, 0.40] | 7168 [7168, 7168] | 180 [180, 180] "
+        "| 20 [20, 20] |\n")
+
+
+def test_band_interpolates_each_seed_over_the_range_all_cover():
+    curves = [{"env_steps": [0, 10, 20], "success_rate": {"river": [0.0, None, 1.0]}},
+              {"env_steps": [0, 10, 30], "success_rate": {"river": [0.5, 0.5, 0.5]}},
+              {"env_steps": [0, 10], "success_rate": {"river": [None, None]}}]   # no episode finished: left out
+    grid, mean, low, high = learning.band(curves, "river", points=3)
+    np.testing.assert_allclose(grid, [0, 10, 20])
+    np.testing.assert_allclose(mean, [0.25, 0.5, 0.75])
+    np.testing.assert_allclose(low, [0.0, 0.5, 0.5])
+    np.testing.assert_allclose(high, [0.5, 0.5, 1.0])
+
+
+@pytest.mark.parametrize("algorithm, extra", [
+    ("ppo", ["iterations=28"]),   # 7168 env steps / (32 streams x 8 turns)
+    ("grpo", ["group.n_tasks=8", "group.group_size=4", "group.max_turns=14", "iterations=224"]),   # / (8 x 4)
+])
+def test_cell_overrides_under_the_budget(algorithm, extra):
+    args = Namespace(iterations=None, env_steps=7168, wall_clock_s=360.0)
+    overrides = learning.cell_overrides("toy", algorithm, 2, args)
+    group, last = extra[:-1], extra[-1]
+    assert overrides == ["seed=2", f"algorithm={algorithm}", f"name=toy-{algorithm}-seed2", *group,
+                         "budget.env_steps=7168", "budget.wall_clock_s=360.0", last]
+    smoke = learning.cell_overrides("toy", algorithm, 2, Namespace(iterations=2))
+    assert smoke == ["seed=2", f"algorithm={algorithm}", f"name=toy-{algorithm}-seed2", *group, "iterations=2"]
