@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # n_env x e_len = 256 turns per iteration (toy 32 x 8, babyai 16 x 16), n_tasks x group_size episodes of at most
 # max_turns turns are about as many (toy: ~13 turns each at the start, 5 once solved; babyai: ~16, then ~8).
 SUITES = {
-    "toy": {"recipe": "configs/toy.yaml", "env_steps": 7168, "wall_clock_s": 360,
-            "group": {"n_tasks": 8, "group_size": 4, "max_turns": 14}},
-    "babyai": {"recipe": "configs/babyai_tiny.yaml", "env_steps": 13312, "wall_clock_s": 1200,
-               "group": {"n_tasks": 8, "group_size": 4, "max_turns": 24}},
+    "toy": {"recipe": "configs/toy.yaml", "env_steps": 12288, "wall_clock_s": 900,
+            "group": {"n_tasks": 8, "group_size": 8, "max_turns": 14}},
+    "babyai": {"recipe": "configs/babyai_tiny.yaml", "env_steps": 21504, "wall_clock_s": 2400,
+               "group": {"n_tasks": 8, "group_size": 8, "max_turns": 24}},
 }
 MODES = ("greedy", "sampled")
 COLORS = {"ppo": "#1f77b4", "grpo": "#ff7f0e", "gigpo": "#2ca02c"}

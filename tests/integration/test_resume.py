@@ -158,7 +158,8 @@ def test_resume_refuses_other_overrides_and_a_run_without_checkpoint(tmp_path, c
     run.mkdir()
     (run / "config.yaml").write_text(dump(load_config(TOY, SMALL)))
     assert main(["train", "--resume", str(run), "actor.lr=1.0"]) == 2
-    assert "only iterations, save_every, budget.env_steps, budget.wall_clock_s can be changed (got actor.lr)" in capsys.readouterr().err
+    refusal = "only iterations, save_every, budget.env_steps, budget.wall_clock_s can be changed (got actor.lr)"
+    assert refusal in capsys.readouterr().err
     assert main(["train", "--resume", str(run)]) == 2
     assert f"cannot resume: {run} has no complete checkpoint" in capsys.readouterr().err
     assert main(["train", "--resume", str(tmp_path / "nowhere")]) == 2

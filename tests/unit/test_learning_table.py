@@ -81,7 +81,7 @@ def test_band_interpolates_each_seed_over_the_range_all_cover():
 
 @pytest.mark.parametrize("algorithm, extra", [
     ("ppo", ["iterations=28"]),   # 7168 env steps / (32 streams x 8 turns)
-    ("grpo", ["group.n_tasks=8", "group.group_size=4", "group.max_turns=14", "iterations=224"]),   # / (8 x 4)
+    ("grpo", ["group.n_tasks=8", "group.group_size=8", "group.max_turns=14", "iterations=112"]),   # / (8 x 8)
 ])
 def test_cell_overrides_under_the_budget(algorithm, extra):
     args = Namespace(iterations=None, env_steps=7168, wall_clock_s=360.0)

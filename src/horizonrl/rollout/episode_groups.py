@@ -2,11 +2,12 @@
 
 A task is an env id and a seed; its `group_size` rollouts all start from that seed and share a
 `group_id`, so a group estimator can compare them. With several env ids, task j of a batch plays
-env_ids[j % len(env_ids)] (as stream j does in the fixed-turn collector). Each episode runs until the env ends it or `max_turns` turns have
-been played (its last turn is then marked truncated; `max_turns=None` leaves the limit to the env).
-Rollouts run concurrently, each on an env handle of its env id taken from a free list, so the handles
-of an id bound how many of its rollouts are in flight. An env error closes that episode as in the fixed-turn collector (its metrics carry
-the error; estimators leave it out). `collect_seeds` plays given seeds, e.g. held-out ones (evaluate.py).
+env_ids[j % len(env_ids)] (as stream j does in the fixed-turn collector). Each episode runs until the
+env ends it or `max_turns` turns have been played (its last turn is then marked truncated;
+`max_turns=None` leaves the limit to the env). Rollouts run concurrently, each on an env handle of its
+env id taken from a free list, so the handles of an id bound how many of its rollouts are in flight.
+An env error closes that episode as in the fixed-turn collector (its metrics carry the error;
+estimators leave it out). `collect_seeds` plays given seeds, e.g. held-out ones (evaluate.py).
 
 The outcome reward of an episode is `reward_fn(episode)`, which sees the whole Episode — every turn,
 its info and tool results (as ms-swift's reward functions see multi-turn infos); by default the

@@ -57,7 +57,8 @@ from horizonrl.train.budget import Progress
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
-RESUMABLE_KEYS = ("iterations", "save_every", "budget.env_steps", "budget.wall_clock_s")  # the only overrides `--resume` takes
+# the only overrides `--resume` takes
+RESUMABLE_KEYS = ("iterations", "save_every", "budget.env_steps", "budget.wall_clock_s")
 _ITERATION_FOLDER = re.compile(r"iter_(\d{6})")
 DCP_FOLDER = "dcp"   # the networks and optimizers, torch.distributed.checkpoint shards
 
