@@ -114,6 +114,15 @@ def test_resume_after_the_last_iteration_continues_exactly(tmp_path, straight, a
     assert_same_run(run, straight(algorithm), algorithm)
 
 
+def test_resume_after_the_critic_warmup_continues_exactly(tmp_path, straight):
+    """A checkpoint at iteration 0 holds an actor optimizer that has not stepped yet."""
+    assert main(["train", TOY, *SMALL, "iterations=0", f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run,) = tmp_path.iterdir()
+    assert checkpoints(run) == ["iter_000000"]
+    assert main(["train", "--resume", str(run), f"iterations={ITERATIONS}", "--quiet"]) == 0
+    assert_same_run(run, straight("ppo"))
+
+
 def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, straight):
     process = horizonrl(TOY, *SMALL, f"iterations={ITERATIONS}", "save_every=0", f"output_dir={tmp_path}")
     metrics = lambda: next(tmp_path.glob("*/metrics.jsonl"), None)  # noqa: E731

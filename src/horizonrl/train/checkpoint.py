@@ -43,7 +43,8 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from horizonrl.config import ConfigError, TrainConfig, dump, load_config
@@ -178,7 +179,7 @@ class TrainingState:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         self.ranks.barrier()
-        dcp.save(self._networks(), checkpoint_id=tmp / DCP_FOLDER, no_dist=not self.ranks.distributed)
+        dcp.save(self._networks(self._stepped()), checkpoint_id=tmp / DCP_FOLDER, no_dist=not self.ranks.distributed)
         self.write(tmp, iteration)
         if self.ranks.is_main:
             commit_folder(tmp, folder)
@@ -196,7 +197,7 @@ class TrainingState:
                       str(folder / "training_state.safetensors"))
             (folder / "training_state.json").write_text(json.dumps(
                 {"iteration": iteration, "world_size": self.ranks.world_size, "engine": self.engine.state_dict(),
-                 "progress": self.progress.state_dict(),
+                 "progress": self.progress.state_dict(), "optimizers": sorted(self._stepped()),
                  "ranks": [m for _, m in everyone]}))
 
     def restore(self, folder: Path) -> int:
@@ -204,15 +205,16 @@ class TrainingState:
         at (the networks and optimizers are resharded; the env streams are shared out again; the RNG
         states are those of the same rank, or of rank 0 for a rank that did not exist); returns the
         iteration it was saved after."""
-        state = self._networks()
-        dcp.load(state, checkpoint_id=folder / DCP_FOLDER, no_dist=not self.ranks.distributed)
-        set_state_dict(self.actor, self.actor_opt, model_state_dict=state["actor"],
-                       optim_state_dict=state["actor_opt"])
-        if self.critic is not None:
-            set_state_dict(self.critic, self.critic_opt, model_state_dict=state["critic"],
-                           optim_state_dict=state["critic_opt"])
-        tensors = load_file(str(folder / "training_state.safetensors"))
         meta = json.loads((folder / "training_state.json").read_text())
+        stepped = set(meta.get("optimizers", ("actor_opt", "critic_opt")))
+        state = self._networks(stepped)
+        dcp.load(state, checkpoint_id=folder / DCP_FOLDER, no_dist=not self.ranks.distributed)
+        for name, model, optimizer in self._trained():
+            if f"{name}_opt" in stepped:
+                set_state_dict(model, optimizer, model_state_dict=state[name], optim_state_dict=state[f"{name}_opt"])
+            else:
+                set_model_state_dict(model, state[name])
+        tensors = load_file(str(folder / "training_state.safetensors"))
         saved = meta["ranks"]
         rank = self.ranks.rank if self.ranks.rank < len(saved) else 0
         self.engine.sync_weights(self.actor, merged_parameters(self.actor))   # it was built from the initial policy
@@ -234,12 +236,25 @@ class TrainingState:
         np.random.set_state((np_name, np.array(np_keys, dtype=np.uint32), np_pos, np_has_gauss, np_gauss))
         return meta["iteration"]
 
-    def _networks(self) -> dict:
-        """The networks' and optimizers' state dicts, keyed by parameter name (DCP reshards them)."""
-        actor, actor_opt = get_state_dict(self.actor, self.actor_opt)
-        state = {"actor": actor, "actor_opt": actor_opt}
-        if self.critic is not None:
-            state["critic"], state["critic_opt"] = get_state_dict(self.critic, self.critic_opt)
+    def _trained(self) -> list[tuple[str, torch.nn.Module, torch.optim.Optimizer]]:
+        """(name, network, its optimizer) of the actor and, in a PPO run, the critic."""
+        return [("actor", self.actor, self.actor_opt)] + ([] if self.critic is None else
+                                                           [("critic", self.critic, self.critic_opt)])
+
+    def _stepped(self) -> set[str]:
+        """The optimizers ("actor_opt", "critic_opt") that have stepped. One that has not (the actor's after a
+        critic warmup) has no state to save, and reading it would give it one: get_state_dict steps it once."""
+        return {f"{name}_opt" for name, _, optimizer in self._trained() if optimizer.state}
+
+    def _networks(self, stepped: set[str]) -> dict:
+        """The networks' state dicts and those of the optimizers in `stepped`, keyed by parameter name (DCP
+        reshards them)."""
+        state = {}
+        for name, model, optimizer in self._trained():
+            if f"{name}_opt" in stepped:
+                state[name], state[f"{name}_opt"] = get_state_dict(model, optimizer)
+            else:
+                state[name] = get_model_state_dict(model)
         return state
 
     def _rank_state(self) -> tuple[dict[str, torch.Tensor], dict]:
