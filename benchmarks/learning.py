@@ -34,10 +34,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 # Per suite: the recipe; the default budget of every run, env steps (the ppo critic warmup's turns included) that
-# ppo reaches in about 4 / 15 minutes on one core here (toy: 8 x 256 warmup + 20 x 256, babyai: 4 x 256 + 48 x 256),
-# and a wall clock that stops only a run much slower than that; the group algorithms' batch: ppo collects
-# n_env x e_len = 256 turns per iteration (toy 32 x 8, babyai 16 x 16), n_tasks x group_size episodes of at most
-# max_turns turns are about as many (toy: ~13 turns each at the start, 5 once solved; babyai: ~16, then ~8).
+# ppo reaches in about 7 / 30 minutes on one core here (toy: 8 x 256 warmup + 40 x 256; babyai: the default job,
+# 4 x 256 + 80 x 256), and a wall clock that stops only a run much slower than that; the group algorithms' batch:
+# 8 seeds x 8 rollouts of at most max_turns turns (ppo collects n_env x e_len = 256 turns per iteration: toy
+# 32 x 8, babyai 16 x 16; a group batch is 2-4x that at the start, ~13 / ~17 turns per episode, less once solved).
 SUITES = {
     "toy": {"recipe": "configs/toy.yaml", "env_steps": 12288, "wall_clock_s": 900,
             "group": {"n_tasks": 8, "group_size": 8, "max_turns": 14}},
