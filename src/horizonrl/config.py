@@ -430,6 +430,8 @@ class TrainConfig(Section):
         if self.task is None and self.algorithm != "ppo" and self.rollout.n_env < len(self.env.ids):
             raise InvalidKey("rollout.n_env", f"{self.rollout.n_env} env handles cannot play each of the "
                                               f"{len(self.env.ids)} env ids")
+        if self.task is not None and self.model.path is None and self.task.teacher is None:
+            raise InvalidKey("task.teacher", "is needed to build a tiny model for a task (or set model.path)")
         return self
 
     @model_validator(mode="after")
@@ -442,8 +444,6 @@ class TrainConfig(Section):
                 if not callable(getattr(make(env_id, **self.env.kwargs), "state_key", None)):
                     raise InvalidKey("algorithm", f"gigpo compares turns that start in the same env state, and env "
                                                   f"{env_id!r} has no state_key() (horizonrl.envs.base.TextEnv)")
-        if self.task is not None and self.model.path is None and self.task.teacher is None:
-            raise InvalidKey("task.teacher", "is needed to build a tiny model for a task (or set model.path)")
         return self
 
     @model_validator(mode="after")
