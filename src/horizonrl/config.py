@@ -438,10 +438,11 @@ class TrainConfig(Section):
     def _gigpo_has_state_keys(self) -> TrainConfig:
         """GiGPO groups turns by their env's state_key(): an env without one is refused before the run."""
         from horizonrl.envs import make
+        from horizonrl.envs.base import has_state_key
 
         if self.algorithm == "gigpo" and self.task is None:
             for env_id in self.env.ids:
-                if not callable(getattr(make(env_id, **self.env.kwargs), "state_key", None)):
+                if not has_state_key(make(env_id, **self.env.kwargs)):
                     raise InvalidKey("algorithm", f"gigpo compares turns that start in the same env state, and env "
                                                   f"{env_id!r} has no state_key() (horizonrl.envs.base.TextEnv)")
         return self

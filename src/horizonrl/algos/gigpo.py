@@ -73,19 +73,21 @@ def gigpo_advantages(episode_returns: Tensor, episode_group: Tensor, step_reward
         following = float(rewards[s]) + gamma * following
         step_returns[s] = following
 
-    groups = episode_group.tolist()
-    anchors: dict[tuple, int] = {}
-    anchor_index = torch.tensor([anchors.setdefault((groups[e], key), len(anchors))
-                                 for e, key in zip(episodes, step_state)], dtype=torch.long)
-    step_advantage = group_advantages(step_returns, anchor_index.to(rewards.device), estimator, eps)
+    anchors = anchor_groups(episode_group.tolist(), episodes, step_state).to(rewards.device)
+    step_advantage = group_advantages(step_returns, anchors, estimator, eps)
     return episode_advantage[step_episode.long()] + step_weight * step_advantage
+
+
+def anchor_groups(episode_group: Sequence[int], step_episode: Sequence[int], step_state: Sequence[Hashable]) -> Tensor:
+    """[S] long: the anchor group of each step (its task group and the state it starts from), numbered
+    in order of first appearance."""
+    anchors: dict[tuple, int] = {}
+    return torch.tensor([anchors.setdefault((episode_group[e], key), len(anchors))
+                         for e, key in zip(step_episode, step_state)], dtype=torch.long)
 
 
 def anchor_group_sizes(episode_group: Sequence[int], step_episode: Sequence[int],
                        step_state: Sequence[Hashable]) -> list[int]:
-    """The size of each step's anchor group (the steps of its task group that start in its state)."""
-    keys = [(episode_group[e], key) for e, key in zip(step_episode, step_state)]
-    counts: dict[tuple, int] = {}
-    for key in keys:
-        counts[key] = counts.get(key, 0) + 1
-    return [counts[key] for key in keys]
+    """The size of each step's anchor group."""
+    anchors = anchor_groups(episode_group, step_episode, step_state)
+    return torch.bincount(anchors)[anchors].tolist() if len(anchors) else []

@@ -56,6 +56,11 @@ class TextEnv(Protocol):
     def state_key(self) -> str: ...
 
 
+def has_state_key(env) -> bool:
+    """Whether `env` implements state_key() (only GiGPO needs it)."""
+    return callable(getattr(env, "state_key", None))
+
+
 def state_digest(*parts: Any) -> str:
     """A 32-hex-digit digest of `parts` (ints, strings, bytes and tuples of them: their repr is the same in
     every process), the state key of an env whose state they are."""

@@ -19,7 +19,7 @@ import traceback
 from typing import Any
 
 from horizonrl import envs as registry
-from horizonrl.envs.base import Instruction
+from horizonrl.envs.base import Instruction, has_state_key
 
 
 class EnvError(RuntimeError):
@@ -33,7 +33,7 @@ def env_view(env) -> tuple[list[str], str, dict[str, str], Instruction]:
 
 def state_of(env) -> str | None:
     """The env's state_key() (None for an env that has none; only GiGPO needs it)."""
-    return env.state_key() if hasattr(env, "state_key") else None
+    return env.state_key() if has_state_key(env) else None
 
 
 class InProcessEnv:
