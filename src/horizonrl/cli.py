@@ -12,12 +12,15 @@
     horizonrl plan CONFIG [key=value ...] --gpus G [--gpu-memory-gb 80] [--seq-len S] [--json]
                                                 per-GPU memory of a run from config.json alone, and what makes it fit
     horizonrl export RUN --to DIR               a run's last checkpoint as a Hugging Face model folder
+    horizonrl gateway MODEL [--engine hf|vllm] [--host H] [--port P] [--api-key KEY] [--traces FILE] ...
+                                                serve MODEL over the OpenAI API, recording every call's exact tokens
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -73,8 +76,24 @@ def main(argv: list[str] | None = None) -> int:
     export_cmd.add_argument("target", metavar="RUN_OR_CHECKPOINT",
                             help="a run folder (its last complete checkpoint) or RUN/checkpoints/iter_NNNNNN")
     export_cmd.add_argument("--to", required=True, type=Path, dest="out", metavar="DIR", help="the new model folder")
+    gateway_cmd = commands.add_parser("gateway", help="serve a model over the OpenAI API (chat, completions), "
+                                                      "recording the exact tokens of every call")
+    gateway_cmd.add_argument("model", metavar="MODEL", help="a hub id, a model folder or builtin:NAME")
+    gateway_cmd.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    gateway_cmd.add_argument("--host", default="127.0.0.1", help="the address to bind (default: this machine only)")
+    gateway_cmd.add_argument("--port", type=int, default=8000)
+    gateway_cmd.add_argument("--api-key", default=os.environ.get("HORIZONRL_API_KEY"),
+                             help="required as Authorization: Bearer KEY (default: $HORIZONRL_API_KEY; none: open)")
+    gateway_cmd.add_argument("--traces", type=Path, metavar="FILE", help="append every call as a JSON line to FILE")
+    gateway_cmd.add_argument("--device", default="auto")
+    gateway_cmd.add_argument("--seed", type=int, default=0, help="seeds the engine's sampler")
+    gateway_cmd.add_argument("--max-tokens", type=int, default=1024, help="the most tokens one response may ask for")
+    gateway_cmd.add_argument("--max-n", type=int, default=8, help="the most choices one request may ask for")
+    gateway_cmd.add_argument("--max-model-len", type=int,
+                             help="prompt + response tokens (default: the model's max_position_embeddings)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("horizonrl").setLevel(logging.INFO)   # ours at INFO; libraries' (an agent's HTTP client) quiet
     if args.command == "train" and args.quiet:
         from transformers.utils import logging as hf_logging
 
@@ -168,6 +187,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(export(Path(args.target), args.out))
         except (ValueError, FileExistsError) as error:   # not a run or checkpoint, none saved, DIR not empty
+            print(f"horizonrl: {error}", file=sys.stderr)
+            return 2
+    elif args.command == "gateway":
+        from horizonrl.gateway.server import serve
+
+        try:
+            serve(args.model, args.engine, args.host, args.port, args.api_key or None, args.traces, args.device,
+                  args.seed, args.max_tokens, args.max_n, args.max_model_len)
+        except ValueError as error:   # a model that does not load (ConfigError), no such device
             print(f"horizonrl: {error}", file=sys.stderr)
             return 2
     return 0

@@ -364,6 +364,18 @@ class TaskConfig(Section):
     max_parallel_calls: int = Field(4, gt=0)
     tool_timeout_s: float = Field(10.0, gt=0)
     max_tool_response_tokens: int = Field(256, gt=0)
+    agent: Importable | None = Field(None, description='"module:function" or "file.py:function": an `async def '
+                                                       'agent(task: dict, base_url: str) -> float | None` calling '
+                                                       'the OpenAI API at base_url, trained through the gateway '
+                                                       '(gateway/agent_groups.py) instead of the agent loop')
+    agent_timeout_s: float = Field(300.0, gt=0, description="an agent running longer is stopped and dropped")
+
+    @model_validator(mode="after")
+    def _agent_runs_its_own_tools(self) -> TaskConfig:
+        if self.agent is not None and (self.tools or self.interaction is not None):
+            raise InvalidKey("agent", "runs its own tools and conversation: task.tools and task.interaction are "
+                                      "for horizonrl's agent loop, leave them out")
+        return self
 
 
 class DistConfig(Section):

@@ -9,7 +9,7 @@ import horizonrl
 PACKAGE = Path(horizonrl.__file__).parent
 LAYERS = [  # lowest first; the data flow README.md describes runs envs -> rollout -> ... -> report
     "records", "envs", "agents", "tools", "tasks", "algos", "samples", "config", "engines", "learner", "plan", "rollout",
-    "report", "train", "evaluate", "play", "cli", "__main__",
+    "gateway", "report", "train", "evaluate", "play", "cli", "__main__",
 ]
 
 

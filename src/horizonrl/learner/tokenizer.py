@@ -54,15 +54,19 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024,
+                        individual_digits: bool = False) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on `corpus` and wrap it as a Hugging Face fast tokenizer with ChatML.
 
     `<|im_end|>` is the EOS token (it ends every assistant message), `<|endoftext|>` the padding.
     The vocabulary may stay below `vocab_size` when the corpus has no more pairs to merge.
+    `individual_digits`: every digit is a token of its own, as in Qwen2.5's tokenizer, so a number is
+    copied digit by digit (tasks whose answers are numbers); else digits merge with the text around them.
     """
     bpe = Tokenizer(models.BPE())
+    digits = [pre_tokenizers.Digits(individual_digits=True)] if individual_digits else []
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"),
+        pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"), *digits,
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     bpe.decoder = decoders.ByteLevel()

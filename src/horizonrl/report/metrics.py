@@ -43,6 +43,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         "rollout/prompt_length": mean([len(t.prompt_ids) for t in turns]),
         "rollout/truncated_responses": sum(t.info.get("finish_reason") == "length" for t in turns),
         "rollout/engine_retries": sum(t.info.get("engine_retries", 0) for t in turns),
+        "rollout/tool_call_parse_failures": sum(t.info.get("tool_call_parse_failed", False) for t in turns),
         **tool_metrics(turns),
         **task_success(finished_episodes),
     }

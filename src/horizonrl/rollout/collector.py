@@ -1,8 +1,9 @@
 """The Collector protocol: what a training iteration collects its episodes from.
 
 FixedTurnCollector (PPO: n_env streams x e_len turns, episodes cut at the batch boundary),
-EpisodeGroupCollector (group algorithms on an env: n_tasks seeds x group_size whole episodes) and
-TaskGroupCollector (group algorithms on agent-loop tasks) all have this shape.
+EpisodeGroupCollector (group algorithms on an env: n_tasks seeds x group_size whole episodes),
+TaskGroupCollector (group algorithms on agent-loop tasks) and AgentGroupCollector (group algorithms on the
+user's own OpenAI-API agents, through the gateway) all have this shape.
 """
 
 from __future__ import annotations
@@ -26,3 +27,7 @@ class Collector(Protocol):
         ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def close(self) -> None:
+        """Stop what the collector started (the agent groups' gateway); it is not used again."""
+        ...

@@ -80,6 +80,9 @@ class FixedTurnCollector:
         """Between `collect` calls: every stream's state (see EnvStream.state_dict)."""
         return {"streams": [stream.state_dict() for stream in self.streams]}
 
+    def close(self) -> None:
+        """Nothing to stop: the envs and the engine are the caller's."""
+
     def load_state_dict(self, state: dict) -> None:
         """Restore every stream, replaying its running episode in its env."""
         if len(state["streams"]) != len(self.streams):

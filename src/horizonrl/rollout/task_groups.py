@@ -39,6 +39,9 @@ class TaskGroupCollector:
     def state_dict(self) -> dict:
         return {"next_seed": self.next_seed}
 
+    def close(self) -> None:
+        """Nothing to stop: the envs and the engine are the caller's."""
+
     def load_state_dict(self, state: dict) -> None:
         self.next_seed = state["next_seed"]
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 import re
+import sys
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -130,18 +132,41 @@ def tool(fn: Callable | None = None, *, name: str | None = None, description: st
 
 
 def import_target(reference: str):
-    """The object a `package.module:attribute` reference names (the attribute may be dotted)."""
-    module_name, _, attribute = reference.partition(":")
+    """The object a `package.module:attribute` or `path/to/file.py:attribute` reference names (the
+    attribute may be dotted; a file path is relative to the working directory): a user's own agent or
+    reward function need not be an installed package."""
+    module_name, _, attribute = reference.rpartition(":")
     if not module_name or not attribute:
-        raise ValueError(f"expected 'package.module:callable', got {reference!r}")
+        raise ValueError(f"expected 'package.module:callable' or 'file.py:callable', got {reference!r}")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
+        if module_name.endswith(".py"):
+            module = import_file(Path(module_name))
+        else:
+            module = importlib.import_module(module_name)
+    except (ImportError, OSError, SyntaxError) as err:
         raise ValueError(f"cannot import module {module_name!r}: {err}") from err
     try:
         return functools.reduce(getattr, attribute.split("."), module)
     except AttributeError:
         raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
+
+
+def import_file(path: Path):
+    """The module in the Python file `path`, loaded once per process (kept in sys.modules under its resolved path,
+    so the objects it defines are the same at every import)."""
+    name = f"horizonrl_user_{path.resolve().as_posix()}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or not path.is_file():
+            raise ImportError(f"no Python file {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+    return sys.modules[name]
 
 
 def tool_from_entry(entry: dict) -> Tool:

@@ -98,7 +98,8 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
                                        cfg.rollout.n_env)
         critic = ValueModel.from_policy(actor).eval()
     elif cfg.task is not None:
-        collector = task_collector(cfg, tokenizer, engine, params, ranks.share(cfg.group.n_tasks))
+        collector = task_collector(cfg, tokenizer, engine, params, actor.config.max_position_embeddings,
+                                   ranks.share(cfg.group.n_tasks))
     else:
         collector = EpisodeGroupCollector(envs, cfg.env.ids, agent, engine, params, cfg.group.n_tasks,
                                           cfg.group.group_size, cfg.group.max_turns,

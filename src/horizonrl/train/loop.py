@@ -63,7 +63,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
         try:
             with StopSignals() as signals:
                 ctx = start_run(cfg, envs, signals, point, ranks, device)
-                with ctx.metrics or contextlib.nullcontext(), contextlib.closing(ctx.engine):
+                with ctx.metrics or contextlib.nullcontext(), contextlib.closing(ctx.engine), \
+                        contextlib.closing(ctx.collector):
                     run_iterations(ctx, progress and ranks.is_main)
                 save_checkpoint(ctx.run_dir / "checkpoint", ctx.actor, ctx.tokenizer, ctx.critic, ranks)
         except TrainingStopped as stopped:

@@ -58,9 +58,10 @@ def build_tiny_for_envs(envs: list[TextEnv], tiny: TinyModel, seed: int, device)
     return build_tiny([text for env in envs for text in env_corpus(env, seed=seed)], tiny, seed, device)
 
 
-def build_tiny(corpus: list[str], tiny: TinyModel, seed: int, device):
-    """(tokenizer, model): a BPE tokenizer trained on `corpus` and a random tiny model for it."""
-    tokenizer = train_bpe_tokenizer(corpus, tiny.vocab_size)
+def build_tiny(corpus: list[str], tiny: TinyModel, seed: int, device, individual_digits: bool = False):
+    """(tokenizer, model): a BPE tokenizer trained on `corpus` (see train_bpe_tokenizer) and a random tiny
+    model for it."""
+    tokenizer = train_bpe_tokenizer(corpus, tiny.vocab_size, individual_digits)
     model = build_tiny_policy(tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.num_kv_heads,
                               tiny.intermediate_size, tiny.max_position_embeddings, seed)
     return tokenizer, model.to(device)

@@ -1,0 +1,157 @@
+"""Agent-group collector: agents we did not write (`task.agent`, OpenAI API clients) as group rollouts.
+
+Each of `n_tasks` tasks is given to `group_size` agents at once, `await agent(task, base_url)` with
+`task` the Task as a dict (task_id, seed, messages, data) and `base_url` its own rollout URL on the
+gateway, `<gateway>/rollouts/<rollout id>/v1`. The gateway (horizonrl.gateway) records every call made
+there: the exact prompt ids the chat template gave, the sampled ids and their log-probs. A rollout's
+calls, in the order they arrived, are its episode's turns (`episode_from_rollout`), so the samples code
+merges them into one row where each prompt extends the previous prompt + response, and splits (and
+classifies the break) where the agent re-rendered its history.
+
+The outcome reward is the number the agent returned; else the reward it posted to
+`/rollouts/<id>/reward`; else `reward_fn(episode)` when the run has one (group.reward_fn). Per-call
+rewards posted there become the turns' rewards (GiGPO's step rewards). An agent that raises, runs past
+`timeout_s`, never calls the model or ends with no reward is counted in `errors` (and logged); its
+episode carries `metrics["error"]`, so the group estimators leave it out of its group: never a silent 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, replace
+
+from horizonrl.engines.base import Engine, Generation, SamplingParams
+from horizonrl.envs.base import state_digest
+from horizonrl.gateway.recorder import Rollout
+from horizonrl.gateway.server import Gateway, GatewayThread
+from horizonrl.records import Episode, Task, Turn
+from horizonrl.rollout.episode_groups import RewardFn
+from horizonrl.rollout.seeds import first_training_seed
+
+log = logging.getLogger(__name__)
+AgentFn = Callable[[dict, str], Awaitable[float | None]]
+
+
+class RunSampling:
+    """The engine a training run's gateway samples from: `engine` at the run's temperature and top_p on every
+    call, whatever the agent asked (the learner scores the sampled ids at them; a different value would bias
+    every ratio). The first call that asked otherwise is logged."""
+
+    def __init__(self, engine: Engine, temperature: float, top_p: float):
+        self.engine, self.temperature, self.top_p = engine, temperature, top_p
+        self.overridden = False
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        if (params.temperature, params.top_p) != (self.temperature, self.top_p) and not self.overridden:
+            self.overridden = True
+            log.warning("an agent asked for temperature %s, top_p %s; training samples at the run's %s, %s",
+                        params.temperature, params.top_p, self.temperature, self.top_p)
+        return await self.engine.generate(prompt_ids, replace(params, temperature=self.temperature, top_p=self.top_p))
+
+
+def episode_from_rollout(rollout: Rollout, episode_id: str, task: Task, group_id: str | None) -> Episode:
+    """One turn per recorded call, in call order: its exact ids and log-probs, its posted reward (0 if none)
+    and, as info, the text and message returned; the last turn ended the episode (the agent stopped there).
+    A turn's state is its whole prompt (GiGPO anchors: calls of one task with equal prompts)."""
+    turns = [Turn(list(call.prompt_ids), list(call.response_ids), call.response_logprobs,
+                  reward=call.reward or 0.0, state_key=state_digest(*call.prompt_ids),
+                  info={"text": response_text(call.response), "response": call.response,
+                        "finish_reason": call.finish_reason, "weights_version": call.weights_version,
+                        "call": call.index, "generate_s": call.finished - call.started,
+                        "tool_call_parse_failed": call.tool_call_parse_failed})
+             for call in rollout.calls]
+    if turns:
+        turns[-1].terminated = True
+    return Episode(episode_id, task.task_id, task.seed, group_id, turns, data=dict(task.data))
+
+
+def response_text(response: dict) -> str:
+    """The text a call returned: a chat message's content ("" when it only called tools), a completion's text."""
+    return response.get("content") or response.get("text") or ""
+
+
+class AgentGroupCollector:
+    def __init__(self, agent: AgentFn, make_task: Callable[[int], Task], gateway: Gateway, n_tasks: int,
+                 group_size: int, reward_fn: RewardFn | None = None, timeout_s: float = 300.0, seed: int = 0,
+                 share: range | None = None):
+        """`gateway`: serves the engine, with a Recorder that accepts only the rollout ids issued here; it runs
+        in a thread of its own from the first `collect` until `close`. `share`: which of each batch's `n_tasks`
+        tasks this process plays (a rank of a torchrun job; default all)."""
+        self.agent, self.make_task, self.gateway, self.reward_fn = agent, make_task, gateway, reward_fn
+        self.n_tasks, self.group_size, self.timeout_s = n_tasks, group_size, timeout_s
+        self.share = range(n_tasks) if share is None else share
+        self.next_seed = first_training_seed(seed)
+        self.errors: list[str] = []
+        self._server: GatewayThread | None = None
+        self._base_url = ""
+
+    def collect(self) -> list[Episode]:
+        """`group_size` episodes of each of this process's share of the next `n_tasks` tasks, task by task,
+        rollout by rollout (failed ones with metrics["error"])."""
+        tasks = [self.make_task(self.next_seed + j) for j in self.share]
+        self.next_seed += self.n_tasks
+        return self.run(tasks)
+
+    def run(self, tasks: list[Task]) -> list[Episode]:
+        """`group_size` agents on each of `tasks`, all at once, through the gateway."""
+        self.errors = []
+        if self._server is None:
+            self._server = GatewayThread(self.gateway)
+            self._base_url = self._server.start()
+        return asyncio.run(self._run(tasks, self._base_url))
+
+    def close(self) -> None:
+        """Stop the gateway (it waits for the calls in flight)."""
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def state_dict(self) -> dict:
+        return {"next_seed": self.next_seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next_seed = state["next_seed"]
+
+    async def _run(self, tasks: list[Task], base_url: str) -> list[Episode]:
+        jobs = [self._rollout(task, k, base_url) for task in tasks for k in range(self.group_size)]
+        return list(await asyncio.gather(*jobs))
+
+    async def _rollout(self, task: Task, k: int, base_url: str) -> Episode:
+        rollout_id = f"seed{task.seed}-r{k}"                   # URL-safe, unique over the run's batches
+        self.gateway.recorder.issue(rollout_id)
+        failure, returned = None, None
+        try:
+            returned = await asyncio.wait_for(self.agent(asdict(task), f"{base_url}/rollouts/{rollout_id}/v1"),
+                                              self.timeout_s)
+        except asyncio.TimeoutError:
+            failure = f"timed out after {self.timeout_s} s"
+        except Exception as error:                              # the agent's own bug or its client's error
+            failure = f"raised {type(error).__name__}: {error}"
+        rollout = self.gateway.recorder.take(rollout_id)
+        episode = episode_from_rollout(rollout, f"{task.task_id}/rollout{k}", task, task.task_id)
+        if failure is None:
+            failure, reward = self._outcome(episode, returned, rollout.reward)
+        if failure is not None:
+            self.errors.append(f"{episode.episode_id}: the agent {failure}")
+            log.warning("dropped from its group: %s", self.errors[-1])
+            episode.metrics = {"error": f"agent {failure}"}
+            return episode
+        episode.outcome_reward = reward
+        episode.metrics = {"return": reward, "length": len(episode.turns), "success": float(reward > 0)}
+        return episode
+
+    def _outcome(self, episode: Episode, returned, posted: float | None) -> tuple[str | None, float | None]:
+        """(None, the episode's outcome reward), or (why it is dropped, None)."""
+        if not episode.turns:
+            return "made no model call", None
+        reward = returned if returned is not None else posted
+        if reward is None and self.reward_fn is not None:
+            reward = self.reward_fn(episode)
+        if reward is None:
+            return "returned no reward and posted none", None
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            return f"returned a reward that is not a finite number: {reward!r}", None
+        return None, float(reward)

@@ -1,0 +1,280 @@
+"""An OpenAI-compatible HTTP server over our engine that records the exact tokens of every call.
+
+Agents written against the OpenAI API talk to it unchanged; each choice's prompt and response ids and
+log-probs go to the `Recorder`, under the rollout whose URL the agent was given:
+
+    POST /v1/chat/completions, POST /v1/completions, GET /v1/models     (recorded without a rollout)
+    the same under /rollouts/{rollout_id}/v1/...                        (recorded under rollout_id)
+    POST /rollouts/{rollout_id}/reward   {"reward": x} and/or {"call_rewards": {"<call index>": x}}
+    GET /health                                                         (no API key needed)
+
+Why aiohttp: its request body limit (`client_max_size`), server-sent events (`StreamResponse`), and
+`AppRunner`/`TCPSite`, which serve inside an event loop that is already running, on port 0 if asked:
+one dependency and no separate ASGI server.
+
+Safety: binds 127.0.0.1 unless told otherwise; with an API key every route but /health needs
+`Authorization: Bearer KEY`; bodies over `max_body_bytes` get 413; every error is an OpenAI error body;
+an unexpected exception is a 500 saying only "internal server error" (the traceback is logged here).
+
+Streaming (`stream: true`): the engine returns whole responses, so each choice's chunks are sent at once
+when that choice is complete (choices in the order they complete, each chunk naming its `index`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from horizonrl.config import RolloutConfig
+from horizonrl.engines.base import Generation
+from horizonrl.gateway.openai_api import (Answer, ChatRequest, CompletionRequest, RequestError, ServedModel,
+                                          answer, choice_chunks, choice_dict, choice_params, error_body, parse_request,
+                                          prompt_of, response_header, usage)
+from horizonrl.gateway.recorder import Call, Recorder
+from horizonrl.learner.device import resolve_device
+from horizonrl.learner.models import load_policy, stop_ids
+from horizonrl.rollout.from_config import make_engine
+
+logger = logging.getLogger(__name__)
+REWARD_USAGE = 'send {"reward": x} and/or {"call_rewards": {"<call index>": x}}'
+INTERNAL_ERROR = {"error": {"message": "internal server error", "type": "server_error", "param": None, "code": None}}
+
+
+class _RewardBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reward: float | None = None
+    call_rewards: dict[int, float] | None = None
+
+
+class Gateway:
+    """Serves `engine` (sampling ids for `tokenizer`) as the model `model_name` and records every call.
+
+    The engine's `generate` is awaited on the event loop that runs `start` only. `stats` counts
+    requests (all but /health), errors (4xx answers), server_errors (5xx) and tool_call_parse_failures
+    (responses with a `<tool_call>` block that does not parse; they are returned as plain content)."""
+
+    def __init__(self, engine, tokenizer, model_name: str, context_len: int, stop_ids: tuple[int, ...],
+                 recorder: Recorder | None = None, api_key: str | None = None, max_tokens_limit: int = 1024,
+                 max_n: int = 8, max_body_bytes: int = 4 * 1024 * 1024):
+        self.engine = engine
+        self.model = ServedModel(tokenizer, model_name, context_len, tuple(stop_ids), max_tokens_limit, max_n)
+        self.recorder = recorder or Recorder()
+        self.api_key = api_key
+        self.stats = {"requests": 0, "errors": 0, "server_errors": 0, "tool_call_parse_failures": 0}
+        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._guard])
+        for prefix in ("", "/rollouts/{rollout_id}"):
+            self.app.router.add_post(prefix + "/v1/chat/completions", self._chat)
+            self.app.router.add_post(prefix + "/v1/completions", self._completions)
+            self.app.router.add_get(prefix + "/v1/models", self._models)
+        self.app.router.add_post("/rollouts/{rollout_id}/reward", self._reward)
+        self.app.router.add_get("/health", self._health)
+        self._runner: web.AppRunner | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve on host:port (0: a free port) from the running event loop; returns "http://host:port"."""
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, host, port).start()
+        return f"http://{host}:{self._runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler) -> web.StreamResponse:
+        """API key check, and every failure as an OpenAI error body (500s without their traceback)."""
+        public = request.path == "/health"
+        self.stats["requests"] += not public
+        try:
+            if self.api_key is not None and not public and not self._authorised(request):
+                raise RequestError("invalid or missing API key (send Authorization: Bearer KEY)",
+                                   code="invalid_api_key", status=401)
+            response = await handler(request)
+        except RequestError as error:
+            response = web.json_response(error_body(error.message, param=error.param, code=error.code),
+                                         status=error.status)
+        except web.HTTPException as error:   # aiohttp's own: unknown route, wrong method, body too large
+            response = web.json_response(error_body(error.text or error.reason), status=error.status)
+        except Exception:
+            logger.exception("gateway: %s %s failed", request.method, request.path)
+            response = web.json_response(INTERNAL_ERROR, status=500)
+        self.stats["errors"] += 400 <= response.status < 500
+        self.stats["server_errors"] += response.status >= 500
+        return response
+
+    def _authorised(self, request: web.Request) -> bool:
+        sent = request.headers.get("Authorization", "").encode()
+        return hmac.compare_digest(sent, f"Bearer {self.api_key}".encode())
+
+    def _rollout_id(self, request: web.Request) -> str | None:
+        """The rollout the request belongs to (None on the plain routes); 404 for one not accepted."""
+        rollout_id = request.match_info.get("rollout_id")
+        if rollout_id is not None and not self.recorder.accepts(rollout_id):
+            raise RequestError(f"unknown rollout {rollout_id!r}", param="rollout_id", code="unknown_rollout",
+                               status=404)
+        return rollout_id
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self._rollout_id(request)
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model.name, "object": "model", "created": 0, "owned_by": "horizonrl"}]})
+
+    async def _reward(self, request: web.Request) -> web.Response:
+        rollout_id = self._rollout_id(request)
+        try:
+            body = _RewardBody.model_validate_json(await request.read())
+        except ValidationError as error:
+            raise RequestError(f"reward body: {error.errors()[0]['msg']} ({REWARD_USAGE})") from None
+        if body.reward is None and body.call_rewards is None:
+            raise RequestError(f"reward body: no reward ({REWARD_USAGE})")
+        try:
+            self.recorder.set_reward(rollout_id, body.reward, body.call_rewards)
+        except KeyError as error:
+            raise RequestError(str(error.args[0]), param="call_rewards") from None
+        return web.json_response({"status": "ok"})
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completions")
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        started = time.time()
+        rollout_id = self._rollout_id(request)
+        body = parse_request(await request.read(), kind)
+        prompt_ids, messages = prompt_of(body, self.model)
+        tasks = [asyncio.ensure_future(self.engine.generate(prompt_ids, params))
+                 for params in choice_params(body, len(prompt_ids), self.model)]
+        if body.stream:
+            return await self._stream(request, body, prompt_ids, tasks, lambda results: self._record(
+                rollout_id, body, prompt_ids, messages, results, started))
+        try:
+            generations = await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        results = [(generation, self._answer(body, generation)) for generation in generations]
+        self._record(rollout_id, body, prompt_ids, messages, results, started)
+        response = response_header(body, self.model, int(started))
+        response["choices"] = [choice_dict(body, i, reply, generation, self.model.tokenizer)
+                               for i, (generation, reply) in enumerate(results)]
+        response["usage"] = usage(len(prompt_ids), generations)
+        response["prompt_token_ids"] = prompt_ids
+        return web.json_response(response)
+
+    async def _stream(self, request: web.Request, body: ChatRequest | CompletionRequest, prompt_ids: list[int],
+                      tasks: list[asyncio.Future],
+                      record: Callable[[list[tuple[Generation, Answer]]], None]) -> web.StreamResponse:
+        """Server-sent events: each choice's chunks when it completes, then (every choice done) `record`
+        of the (generation, answer) pairs, the usage chunk (if asked for) and `[DONE]`. A failure after the
+        headers went out ends the stream with an error event."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        header = response_header(body, self.model, int(time.time()), stream=True)
+        extra = {"prompt_token_ids": prompt_ids}   # on the first chunk only
+
+        async def indexed(index: int, task: asyncio.Future):
+            return index, await task
+
+        results = {}
+        try:
+            for next_done in asyncio.as_completed([indexed(i, task) for i, task in enumerate(tasks)]):
+                index, generation = await next_done
+                results[index] = generation, self._answer(body, generation)
+                for entry in choice_chunks(body, index, results[index][1], generation, self.model.tokenizer):
+                    await _send_event(response, {**header, "choices": [entry], **extra})
+                    extra = {}
+            record([results[i] for i in range(len(tasks))])
+            if body.stream_options is not None and body.stream_options.include_usage:
+                generations = [results[i][0] for i in range(len(tasks))]
+                await _send_event(response, {**header, "choices": [], "usage": usage(len(prompt_ids), generations)})
+            await response.write(b"data: [DONE]\n\n")
+        except Exception:
+            logger.exception("gateway: streamed %s failed", request.path)
+            self.stats["server_errors"] += 1
+            with contextlib.suppress(ConnectionError):   # the client may be gone
+                await _send_event(response, INTERNAL_ERROR)
+        finally:
+            for task in tasks:
+                task.cancel()
+        return response
+
+    def _answer(self, body: ChatRequest | CompletionRequest, generation: Generation) -> Answer:
+        reply = answer(body, generation, self.model.tokenizer)
+        if reply.tool_call_parse_failed:
+            self.stats["tool_call_parse_failures"] += 1
+            logger.debug("gateway: a response's <tool_call> block does not parse; returned as content: %r",
+                         reply.response["content"][:200])
+        return reply
+
+    def _record(self, rollout_id: str | None, body: ChatRequest | CompletionRequest, prompt_ids: list[int],
+                messages: list[dict] | None, results: list[tuple[Generation, Answer]], started: float) -> None:
+        """One Call per choice, at consecutive indices of the rollout."""
+        first, finished = self.recorder.next_index(rollout_id), time.time()
+        for k, (generation, reply) in enumerate(results):
+            self.recorder.record(Call(rollout_id, first + k, messages, getattr(body, "tools", None), prompt_ids,
+                                      generation.token_ids, generation.logprobs, reply.finish_reason, reply.response,
+                                      generation.weights_version, started, finished, reply.tool_call_parse_failed))
+
+
+async def _send_event(response: web.StreamResponse, data: dict) -> None:
+    await response.write(f"data: {json.dumps(data)}\n\n".encode())
+
+
+class GatewayThread:
+    """Runs `gateway` on its own event loop in a daemon thread, so that a caller whose code runs in other
+    event loops (the trainer) can serve it: `start()` returns the base URL, `stop()` shuts it down."""
+
+    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0):
+        self.gateway, self.host, self.port = gateway, host, port
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="horizonrl-gateway", daemon=True)
+
+    def start(self) -> str:
+        self._thread.start()
+        return asyncio.run_coroutine_threadsafe(self.gateway.start(self.host, self.port), self.loop).result()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.gateway.stop(), self.loop).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+def serve(model_path: str, engine: str = "hf", host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          traces: Path | None = None, device: str = "auto", seed: int = 0, max_tokens: int = 1024, max_n: int = 8,
+          max_model_len: int | None = None) -> None:
+    """`horizonrl gateway`: load the model (a hub id, folder or builtin:NAME), serve it until Ctrl-C."""
+    torch_device = resolve_device(device)
+    tokenizer, model = load_policy(model_path, torch_device)
+    sampler = make_engine(model, tokenizer, RolloutConfig(engine=engine), seed, torch_device)
+    recorder = Recorder(traces)
+    gateway = Gateway(sampler, tokenizer, model_path, max_model_len or model.config.max_position_embeddings,
+                      stop_ids(tokenizer, model), recorder, api_key, max_tokens, max_n)
+
+    async def run() -> None:
+        print(f"gateway: {await gateway.start(host, port)}/v1 serving {model_path}", flush=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await gateway.stop()
+            recorder.close()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())
