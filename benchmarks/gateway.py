@@ -143,7 +143,8 @@ def main() -> None:
     if args.random_weights:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=dtype).to(device)
+        with device:   # initialised where it runs
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(args.model), dtype=dtype)
     else:
         tokenizer, model = load_policy(args.model, device)
     print(json.dumps({"model": args.model, "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
