@@ -27,6 +27,7 @@ import asyncio
 import json
 import multiprocessing
 import statistics
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -122,6 +123,8 @@ def measure(tokenizer, model, eos: tuple[int, ...], agents_apart: bool, args) ->
         elapsed, direct_tokens = asyncio.run(direct(engine(), prompts, SamplingParams(args.max_tokens, stop_ids=eos)))
         assert direct_tokens == tokens, (direct_tokens, tokens)   # same prompts and seeds: the same samples
         rates["engine"].append(tokens / elapsed)
+        print(f"{'agents apart' if agents_apart else 'same loop'}, stop ids {eos}: gateway {rates['gateway'][-1]:.0f}"
+              f" tokens/s, engine {rates['engine'][-1]:.0f} tokens/s", file=sys.stderr, flush=True)
     gateway_rate, engine_rate = statistics.median(rates["gateway"]), statistics.median(rates["engine"])
     return {"tokens_per_round": tokens, "gateway_tokens_per_s": round(gateway_rate),
             "engine_tokens_per_s": round(engine_rate), "ratio": round(gateway_rate / engine_rate, 3)}
