@@ -91,3 +91,11 @@ def test_cell_overrides_under_the_budget(algorithm, extra):
                          "budget.env_steps=7168", "budget.wall_clock_s=360.0", last]
     smoke = learning.cell_overrides("toy", algorithm, 2, Namespace(iterations=2))
     assert smoke == ["seed=2", f"algorithm={algorithm}", f"name=toy-{algorithm}-seed2", *group, "iterations=2"]
+
+
+def test_group_cells_of_babyai_take_mini_batches_of_256():
+    """~1100 turns a group batch: ~9 optimiser steps per iteration as ppo's 8, not ~35 (which drift)."""
+    overrides = learning.cell_overrides("babyai", "gigpo", 0, Namespace(iterations=2))
+    assert overrides == ["seed=0", "algorithm=gigpo", "name=babyai-gigpo-seed0", "group.n_tasks=8",
+                         "group.group_size=8", "group.max_turns=24", "optim.mini_batch_size=256", "iterations=2"]
+    assert "optim.mini_batch_size=256" not in learning.cell_overrides("babyai", "ppo", 0, Namespace(iterations=2))
