@@ -5,9 +5,9 @@ to the engine, in one run; prints one JSON object.
     python benchmarks/gateway.py --model DIR --random-weights --device cuda     # DIR: config.json + tokenizer
 
 Model: the shipped tiny BabyAI agent (builtin:babyai-tiny) in an hf engine, or --model (with
---random-weights, a model of that config with random weights: a GPU-sized model without a download). Each of `agents` concurrent
-agents runs a chat loop of `calls` calls through `openai.AsyncOpenAI` against an in-process Gateway on its
-own rollout URL, each call seeded, its reply and a new user message appended to the conversation. The
+--random-weights, a model of that config with random weights: a GPU-sized model without a download).
+Each of `agents` concurrent agents runs a chat loop of `calls` calls through `openai.AsyncOpenAI` against an
+in-process Gateway on its own rollout URL, each call seeded, its reply and a new user message appended to the conversation. The
 agents run on the gateway's own event loop (`same_loop`: the client's work competes with the gateway's
 and the engine's for the GIL), or in a process of their own (`agents_apart`, as agents usually are).
 The direct run then sends the very prompts the gateway recorded (its `prompt_ids`), with the same seeds
@@ -138,7 +138,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--model", default="builtin:babyai-tiny", help="a model folder, hub id or builtin:NAME")
     parser.add_argument("--random-weights", action="store_true",
-                        help="--model is a folder with config.json and a tokenizer only: random weights (bf16 on a GPU)")
+                        help="--model is a folder with config.json and a tokenizer only: random weights "
+                             "(bf16 on a GPU)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(1)

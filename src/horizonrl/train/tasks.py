@@ -4,9 +4,9 @@ model's tokenizer and warm start for a task.
 The tiny model learns the task's format from its teacher (a "module:function" that takes the tasks
 and returns a responder, prompt text -> response text): the tokenizer is trained on the text of
 teacher conversations rendered through the chat template, and the warm start fine-tunes on teacher
-episodes collected through the real agent loop, so its prompts are exactly those RL will use. A `task.agent` (an OpenAI-API agent of the user's) plays
-the teacher's episodes itself, through a gateway over the teacher, so the warm start sees exactly the prompts
-the agent's calls render.
+episodes collected through the real agent loop, so its prompts are exactly those RL will use. A
+`task.agent` (an OpenAI-API agent of the user's) plays the teacher's episodes itself, through a gateway
+over the teacher, so the warm start sees exactly the prompts the agent's calls render.
 """
 
 from __future__ import annotations
