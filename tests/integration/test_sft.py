@@ -1,4 +1,4 @@
-"""Expert demonstrations (BabyAI's bot) and `horizonrl sft` on them."""
+"""Expert demonstrations (BabyAI's bot, the BabaIsAI solver) and `horizonrl sft` on them."""
 
 import copy
 import json
@@ -61,6 +61,17 @@ def test_expert_episodes_are_rendered_through_the_agents_own_prompts(goto_tiny):
             text = tokenizer.decode(turn.response_ids, skip_special_tokens=True)
             assert turn.valid_action and text.startswith("THINK: ") and text.endswith(f"ACTION: {turn.action}")
             assert turn.response_logprobs is None   # no model sampled them
+
+
+def test_babaisai_demonstrations_win_through_the_agents_format(goto_tiny):
+    tokenizer, _ = goto_tiny
+    demos = expert_episodes(Agent(tokenizer, memory=1), "babaisai/goto_win-distr_obj", {}, episodes=3, max_turns=32,
+                            seed=0)
+    assert [e.metrics["success"] for e in demos] == [True] * 3
+    for turn in (turn for episode in demos for turn in episode.turns):
+        text = tokenizer.decode(turn.response_ids, skip_special_tokens=True)
+        assert turn.valid_action and turn.action in ("up", "right", "down", "left")
+        assert text.startswith("THINK: reach the ") and text.endswith(f"ACTION: {turn.action}")
 
 
 def test_an_env_without_an_expert_is_refused_with_one_message(goto_tiny):

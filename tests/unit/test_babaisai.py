@@ -2,6 +2,7 @@ import pytest
 
 from horizonrl.envs.babaisai import TASKS, BabaIsAIEnv
 from horizonrl.envs.babaisai.rules import Rule, parse_rules
+from horizonrl.envs.babaisai.solver import solve
 from horizonrl.envs.babaisai.world import World, obj, word
 from horizonrl.envs.base import TextEnv
 
@@ -194,3 +195,38 @@ def test_distractor_text_spells_no_rule():
         assert len(words) == 11 and words.count("is") == 4 and len(world.rules) == 3
         nouns = {e.name for e in world.entities if not e.word}
         assert len(nouns) == 4                                     # baba, wall, target and a distractor
+
+
+def test_the_expert_takes_a_shortest_way_to_the_win_object():
+    env = BabaIsAIEnv("goto_win-distr_obj")
+    env.reset(0)
+    # baba at (1, 1), the key 2 cells down and 1 right; a wall straight below baba (not stop: no rule says so)
+    env.world = World(6, 5, sentence("baba is you", 3, 0) + sentence("key is win", 3, 4)
+                      + [obj("baba", 1, 1), obj("key", 2, 3), obj("ball", 2, 1)])
+    moves = []
+    while not env.world.won:
+        action, reason = env.expert_action()
+        assert reason == "reach the key that is win"
+        moves.append(action)
+        env.step(action)
+    assert sorted(moves) == ["down", "down", "right"]        # Manhattan distance 3: three moves, no detour
+
+
+def test_the_expert_wins_every_level_in_the_solvers_number_of_moves():
+    env = BabaIsAIEnv("goto_win-distr_obj", max_steps=64)
+    for seed in range(10):
+        env.reset(seed)
+        shortest = len(solve(env.unwrapped))
+        for step in range(1, env.max_steps + 1):
+            _, _, terminated, truncated, info = env.step(env.expert_action()[0])
+            if terminated or truncated:
+                break
+        assert info["success"] and step == shortest
+
+
+def test_the_expert_says_when_no_move_wins():
+    env = BabaIsAIEnv("goto_win-distr_obj")
+    env.reset(0)
+    env.world = World(4, 3, sentence("baba is you", 0, 1) + [obj("baba", 2, 0)])   # no WIN rule can be made
+    with pytest.raises(RuntimeError, match="no sequence of moves wins goto_win-distr_obj from here"):
+        env.expert_action()

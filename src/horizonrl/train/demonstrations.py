@@ -1,6 +1,6 @@
 """Expert demonstrations for the supervised warm start (`horizonrl sft`).
 
-Whole episodes played by an env's expert (an env with `expert_action()`, e.g. BabyAI's bot) through
+Whole episodes played by an env's expert (an env with `expert_action()`: BabyAI's bot, the BabaIsAI solver) through
 the same agent and collector as training: every prompt is exactly the one the agent builds (memory
 window, history mode, chat template), every response is the expert's action in the agent's
 THINK/ACTION format with the expert's reason as THINK, parsed back by the agent like a model's.
@@ -24,7 +24,7 @@ def expert_episodes(agent: Agent, env_id: str, env_kwargs: dict, episodes: int, 
     try:
         if not hasattr(handle.env, "expert_action"):
             raise ValueError(f"{env_id} has no expert to demonstrate it (no expert_action()); "
-                             "demonstrations exist for the babyai/* envs")
+                             "demonstrations exist for the babyai/* and babaisai/* envs")
         collector = EpisodeGroupCollector([handle], [env_id], agent, ExpertEngine(agent.tokenizer, handle),
                                           SamplingParams(stop_patterns=agent.stop_patterns), n_tasks=episodes,
                                           group_size=1, max_turns=max_turns, seed=seed)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from horizonrl.envs.base import Instruction, state_digest
 from horizonrl.envs.babaisai.levels import TASKS, make_level
+from horizonrl.envs.babaisai.solver import solve
 from horizonrl.envs.babaisai.world import Entity, World
 
 ACTIONS = {
@@ -77,6 +78,17 @@ class BabaIsAIEnv:
         if self.world is None:
             raise RuntimeError("call reset(seed) before state_key")
         return state_digest(self.world.key(), tuple(sorted(map(str, self.world.rules))))
+
+    def expert_action(self) -> tuple[str, str]:
+        """(action, reason): the first move of a shortest win (the A* solver, replanned from the current
+        world on every call) and its goal, e.g. ("left", "reach the key that is win")."""
+        if self.world is None:
+            raise RuntimeError("call reset(seed) before expert_action")
+        plan = solve(self.world)
+        if not plan:
+            raise RuntimeError(f"no sequence of moves wins {self.task} from here")
+        wins = sorted({e.name for e in self.world.entities if not e.word and "win" in self.world.properties(e)})
+        return plan[0], f"reach the {' or '.join(wins)} that is win" if wins else "make a rule that wins"
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if action not in ACTIONS:
