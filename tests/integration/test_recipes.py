@@ -22,7 +22,7 @@ def raw(recipe: Path) -> dict:
     return yaml.safe_load(recipe.read_text()) or {}
 
 
-TRAIN_COMMAND = r"# (torchrun --nproc_per_node \d+ -m )?horizonrl train configs/{name}"   # a recipe's first line
+TRAIN_COMMAND = r"# (torchrun --nproc_per_node \d+ -m )?horizonrl train configs/{name}( \S+=\S+)*"   # a recipe's first line
 RECIPES = sorted(r for r in CONFIGS.glob("*.yaml")   # train recipes of an env (not sft, not a task)
                  if re.fullmatch(TRAIN_COMMAND.format(name=re.escape(r.name)), r.read_text().splitlines()[0])
                  and raw(r).get("task") is None)
