@@ -22,7 +22,8 @@ def raw(recipe: Path) -> dict:
     return yaml.safe_load(recipe.read_text()) or {}
 
 
-TRAIN_COMMAND = r"# (torchrun --nproc_per_node \d+ -m )?horizonrl train configs/{name}( \S+=\S+)*"   # a recipe's first line
+# a recipe's first line: its command, with any overrides it needs
+TRAIN_COMMAND = r"# (torchrun --nproc_per_node \d+ -m )?horizonrl train configs/{name}( \S+=\S+)*"
 RECIPES = sorted(r for r in CONFIGS.glob("*.yaml")   # train recipes of an env (not sft, not a task)
                  if re.fullmatch(TRAIN_COMMAND.format(name=re.escape(r.name)), r.read_text().splitlines()[0])
                  and raw(r).get("task") is None)
