@@ -2,11 +2,13 @@
 
 FSDP2 on gloo aborts transiently in about one launch in four on this kind of machine (torch 2.13): a
 failed launch is retried once, and every retry is reported on stderr and appended to
-`RETRY_LOG`, so that how often it happens stays visible."""
+`RETRY_LOG`, so that how often it happens stays visible. A retry starts where the failed launch started:
+the run folders the failed launch created under `output_dir` are removed first."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +21,8 @@ def torchrun(nproc: int, args: list[str], timeout_s: float = 600, retries: int =
              expect_failure: bool = False) -> subprocess.CompletedProcess:
     """`python -m torch.distributed.run --nproc_per_node nproc --standalone ARGS`; its completed process.
     A launch that fails is retried `retries` times (not when a failure is what the test expects)."""
+    output_dir = next((Path(arg.split("=", 1)[1]) for arg in args if arg.startswith("output_dir=")), None)
+    existing = set(output_dir.iterdir()) if output_dir is not None and output_dir.is_dir() else set()
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone", *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     for attempt in range(retries + 1):
@@ -31,4 +35,6 @@ def torchrun(nproc: int, args: list[str], timeout_s: float = 600, retries: int =
             log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} retry after exit {done.returncode} "
                       f"({time.monotonic() - started:.0f} s): {' '.join(args)}\n")
         print(f"torchrun failed (exit {done.returncode}), retrying once:\n{done.stderr[-3000:]}", file=sys.stderr)
+        for created in set(output_dir.iterdir()) - existing if output_dir is not None and output_dir.is_dir() else ():
+            shutil.rmtree(created)
     return done

@@ -76,6 +76,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
                 env.close()
         if ranks.is_main:
             write_report(ctx.run_dir)
+        ranks.barrier()   # no rank tears the process group down while another still holds its connections
         return ctx.run_dir
     finally:
         stop_ranks(ranks)
