@@ -133,6 +133,15 @@ def test_bad_task_and_bad_action():
         env.step("jump")
 
 
+def test_minigrids_rejected_layouts_stay_off_stdout(capsys):
+    env = BabyAIEnv("putnext")
+    env.unwrapped.reset(seed=4)          # minigrid alone: putnext's seed 4 rejects a layout first
+    assert capsys.readouterr().out == "Sampling rejected: unreachable object at (6, 1)\n"
+    observation, _ = env.reset(seed=4)
+    assert capsys.readouterr().out == ""
+    assert observation == describe(env.unwrapped)
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_seeds_are_deterministic_and_differ(task):
     def episodes(env):

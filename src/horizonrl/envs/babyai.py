@@ -37,10 +37,15 @@ Walls are reported only straight ahead, straight left and straight right, the fi
 each of those lines and only if that is a wall. The last line is "You carry a grey key" while carrying
 one; the carried object and the agent's own cell are never listed as seen. With nothing in view the
 text is "You see nothing nearby".
+
+minigrid prints a line to stdout for every layout it rejects while generating a level ("Sampling
+rejected: unreachable object at (6, 1)"): its normal retries, not errors. `reset` keeps them off stdout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Any
 
 import gymnasium as gym
@@ -163,7 +168,8 @@ class BabyAIEnv:
         )
 
     def reset(self, seed: int) -> tuple[str, dict]:
-        self._env.reset(seed=seed)
+        with contextlib.redirect_stdout(io.StringIO()):   # minigrid's "Sampling rejected: ..." retries
+            self._env.reset(seed=seed)
         self._mission = self._env.mission
         self._bot = None
         return describe(self._env), {"mission": self._mission}
