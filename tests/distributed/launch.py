@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 RETRY_LOG = Path(__file__).resolve().parents[2] / "runs" / "torchrun_retries.log"
+FAILURE_MARKERS = ("terminate called", "Fatal Python error", "Traceback (most recent call last)")
 
 
 def torchrun(nproc: int, args: list[str], timeout_s: float = 600, retries: int = 1, cwd: Path | None = None,
@@ -34,7 +35,17 @@ def torchrun(nproc: int, args: list[str], timeout_s: float = 600, retries: int =
         with RETRY_LOG.open("a") as log:
             log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} retry after exit {done.returncode} "
                       f"({time.monotonic() - started:.0f} s): {' '.join(args)}\n")
-        print(f"torchrun failed (exit {done.returncode}), retrying once:\n{done.stderr[-3000:]}", file=sys.stderr)
+        print(f"torchrun failed (exit {done.returncode}), retrying once:\n{failure_excerpt(done.stderr)}",
+              file=sys.stderr)
         for created in set(output_dir.iterdir()) - existing if output_dir is not None and output_dir.is_dir() else ():
             shutil.rmtree(created)
     return done
+
+
+def failure_excerpt(stderr: str, size: int = 3000) -> str:
+    """`size` characters of a failed launch's stderr from where a rank first reported its failure (a C++
+    terminate, a fatal Python error, a traceback), else its last `size` characters; torchrun's own summary
+    at the end names the failed rank but not why it failed."""
+    starts = [start for start in (stderr.find(marker) for marker in FAILURE_MARKERS) if start >= 0]
+    start = min(starts, default=max(0, len(stderr) - size))
+    return stderr[start:start + size]
