@@ -4,7 +4,10 @@ agent can fail is counted and dropped, never a silent zero. The model is the exa
 a scripted engine (the arithmetic task's teacher) standing in for the policy, so the calls are known."""
 
 import asyncio
+import logging
 import math
+import re
+import time
 
 import httpx
 import pytest
@@ -36,10 +39,11 @@ def run(tokenizer, agent, tasks, **kwargs):
         groups.close()
 
 
-def test_the_example_agent_becomes_merged_episodes_with_no_split(qwen_tokenizer):
+def test_the_example_agent_becomes_merged_episodes_with_no_split(qwen_tokenizer, caplog):
     tasks = [arithmetic.make_task(seed) for seed in range(3)]
     episodes, errors = run(qwen_tokenizer, import_target(EXAMPLE), tasks)
     assert errors == [] and len(episodes) == 6
+    assert "stalled" not in caplog.text                      # AsyncOpenAI: the agents never block their loop
     for episode, task in zip(episodes, [t for t in tasks for _ in range(2)]):
         assert episode.group_id == task.task_id and episode.outcome_reward == 1.0
         call, answer = episode.turns                            # the calculator call, then the answer
@@ -58,6 +62,31 @@ def test_the_example_agent_becomes_merged_episodes_with_no_split(qwen_tokenizer)
     samples, report = merge_turns(episodes, 4096, 4096, qwen_tokenizer)
     assert len(samples.input_ids) == 6 and report.as_metrics()["data/merge/merged"] == 6
     assert report.splits == {"template": 0, "retoken": 0, "other": 0, "length": 0}
+
+
+async def blocking_agent(task: dict, base_url: str) -> float:
+    """A synchronous client inside `async def`: its call, and 1.5 s standing in for a model that takes
+    seconds to answer, hold the event loop every agent runs on."""
+    from openai import OpenAI
+
+    OpenAI(base_url=base_url, api_key="unused", max_retries=0).chat.completions.create(model="m",
+                                                                                        messages=task["messages"])
+    time.sleep(1.5)
+    return 1.0
+
+
+def test_an_agent_that_blocks_the_event_loop_is_reported_once(qwen_tokenizer, caplog):
+    tasks = [arithmetic.make_task(seed) for seed in range(2)]
+    groups = collector(qwen_tokenizer, blocking_agent, tasks, group_size=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="horizonrl.gateway.agent_groups"):
+            first, second = groups.run(tasks), groups.run(tasks)
+    finally:
+        groups.close()
+    assert groups.errors == [] and [len(e.turns) for e in first + second] == [1, 1, 1, 1]
+    (warning,) = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]   # once, not per batch
+    assert "openai.AsyncOpenAI" in warning
+    assert float(re.search(r"longest ([\d.]+) s", warning)[1]) >= 2.9    # the two agents ran one after the other
 
 
 async def rewriting_agent(task: dict, base_url: str) -> float:

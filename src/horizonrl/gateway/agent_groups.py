@@ -13,6 +13,10 @@ The outcome reward is the number the agent returned; else the reward it posted t
 rewards posted there become the turns' rewards (GiGPO's step rewards). An agent that raises, runs past
 `timeout_s`, never calls the model or ends with no reward is counted in `errors` (and logged); its
 episode carries `metrics["error"]`, so the group estimators leave it out of its group: never a silent 0.
+
+The agents share one event loop, so an agent that blocks it (a synchronous client such as `openai.OpenAI`
+inside `async def`) makes every rollout of the batch wait for its calls: a stall of the loop longer than
+`STALL_S` is logged (once per run), naming the likely cause.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from horizonrl.rollout.seeds import first_training_seed
 
 log = logging.getLogger(__name__)
 AgentFn = Callable[[dict, str], Awaitable[float | None]]
+STALL_S = 1.0     # the agents' event loop waking up this late means something in it did not await
 
 
 class RunSampling:
@@ -68,6 +73,18 @@ def episode_from_rollout(rollout: Rollout, episode_id: str, task: Task, group_id
     return Episode(episode_id, task.task_id, task.seed, group_id, turns, data=dict(task.data))
 
 
+async def watch_stalls(stalls: list[float], tick_s: float = 0.05) -> None:
+    """Until cancelled: each time the running loop wakes this up more than STALL_S after it was due,
+    append how late it was to `stalls` (something in the loop ran that long without awaiting)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + tick_s
+        await asyncio.sleep(tick_s)
+        late = loop.time() - due
+        if late > STALL_S:
+            stalls.append(late)
+
+
 def response_text(response: dict) -> str:
     """The text a call returned: a chat message's content ("" when it only called tools), a completion's text."""
     return response.get("content") or response.get("text") or ""
@@ -85,6 +102,7 @@ class AgentGroupCollector:
         self.share = range(n_tasks) if share is None else share
         self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []
+        self.stall_reported = False
         self._server: GatewayThread | None = None
         self._base_url = ""
 
@@ -117,7 +135,19 @@ class AgentGroupCollector:
 
     async def _run(self, tasks: list[Task], base_url: str) -> list[Episode]:
         jobs = [self._rollout(task, k, base_url) for task in tasks for k in range(self.group_size)]
-        return list(await asyncio.gather(*jobs))
+        stalls: list[float] = []
+        watch = asyncio.ensure_future(watch_stalls(stalls))
+        try:
+            episodes = list(await asyncio.gather(*jobs))
+        finally:
+            watch.cancel()
+        if stalls and not self.stall_reported:
+            self.stall_reported = True
+            log.warning("the agents' event loop stalled %d times (longest %.1f s) while they ran: an agent runs "
+                        "blocking code inside `async def`, e.g. openai.OpenAI where openai.AsyncOpenAI is needed, "
+                        "so the batch's rollouts wait for each other (reported once per run)", len(stalls),
+                        max(stalls))
+        return episodes
 
     async def _rollout(self, task: Task, k: int, base_url: str) -> Episode:
         rollout_id = f"seed{task.seed}-r{k}"                   # URL-safe, unique over the run's batches
