@@ -15,8 +15,9 @@ rewards posted there become the turns' rewards (GiGPO's step rewards). An agent 
 episode carries `metrics["error"]`, so the group estimators leave it out of its group: never a silent 0.
 
 The agents share one event loop, so an agent that blocks it (a synchronous client such as `openai.OpenAI`
-inside `async def`) makes every rollout of the batch wait for its calls: a stall of the loop longer than
-`STALL_S` is logged (once per run), naming the likely cause.
+inside `async def`) makes every rollout of the batch wait for its calls. A batch whose loop was blocked
+over `BLOCKED_SHARE` of its time (and over a second) is logged, once per run, naming the likely cause; a
+one-off stall (an import on the first call) is not.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
 
@@ -37,7 +39,7 @@ from horizonrl.rollout.seeds import first_training_seed
 
 log = logging.getLogger(__name__)
 AgentFn = Callable[[dict, str], Awaitable[float | None]]
-STALL_S = 1.0     # the agents' event loop waking up this late means something in it did not await
+BLOCKED_SHARE = 0.5    # of a batch's time, the agents' event loop blocked: reported
 
 
 class RunSampling:
@@ -73,16 +75,16 @@ def episode_from_rollout(rollout: Rollout, episode_id: str, task: Task, group_id
     return Episode(episode_id, task.task_id, task.seed, group_id, turns, data=dict(task.data))
 
 
-async def watch_stalls(stalls: list[float], tick_s: float = 0.05) -> None:
-    """Until cancelled: each time the running loop wakes this up more than STALL_S after it was due,
-    append how late it was to `stalls` (something in the loop ran that long without awaiting)."""
+async def time_blocked(blocked: list[float], tick_s: float = 0.05) -> None:
+    """Until cancelled: add to `blocked[0]` how late the running loop wakes this up, each time that is
+    more than a tick (the time something in the loop ran without awaiting)."""
     loop = asyncio.get_running_loop()
     while True:
         due = loop.time() + tick_s
         await asyncio.sleep(tick_s)
         late = loop.time() - due
-        if late > STALL_S:
-            stalls.append(late)
+        if late > tick_s:
+            blocked[0] += late
 
 
 def response_text(response: dict) -> str:
@@ -102,7 +104,7 @@ class AgentGroupCollector:
         self.share = range(n_tasks) if share is None else share
         self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []
-        self.stall_reported = False
+        self.block_reported = False
         self._server: GatewayThread | None = None
         self._base_url = ""
 
@@ -135,18 +137,18 @@ class AgentGroupCollector:
 
     async def _run(self, tasks: list[Task], base_url: str) -> list[Episode]:
         jobs = [self._rollout(task, k, base_url) for task in tasks for k in range(self.group_size)]
-        stalls: list[float] = []
-        watch = asyncio.ensure_future(watch_stalls(stalls))
+        blocked, started = [0.0], time.monotonic()
+        watch = asyncio.ensure_future(time_blocked(blocked))
         try:
             episodes = list(await asyncio.gather(*jobs))
         finally:
             watch.cancel()
-        if stalls and not self.stall_reported:
-            self.stall_reported = True
-            log.warning("the agents' event loop stalled %d times (longest %.1f s) while they ran: an agent runs "
-                        "blocking code inside `async def`, e.g. openai.OpenAI where openai.AsyncOpenAI is needed, "
-                        "so the batch's rollouts wait for each other (reported once per run)", len(stalls),
-                        max(stalls))
+        elapsed = time.monotonic() - started
+        if blocked[0] > max(1.0, BLOCKED_SHARE * elapsed) and not self.block_reported:
+            self.block_reported = True
+            log.warning("the agents' event loop was blocked %.1f s of the batch's %.1f s: an agent runs blocking "
+                        "code inside `async def`, e.g. openai.OpenAI where openai.AsyncOpenAI is needed, so the "
+                        "batch's rollouts wait for each other (reported once per run)", blocked[0], elapsed)
         return episodes
 
     async def _rollout(self, task: Task, k: int, base_url: str) -> Episode:
