@@ -43,21 +43,21 @@ def calculate(expression: str) -> str:
 
 async def agent(task: dict, base_url: str) -> float:
     """Call the model until it answers without a tool call (at most MAX_CALLS calls); the reward of the answer."""
-    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     messages = list(task["messages"])
     answer = ""
-    for _ in range(MAX_CALLS):
-        response = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
-        message = response.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            answer = message.content or ""
-            break
-        for call in message.tool_calls:
-            try:
-                expression = json.loads(call.function.arguments).get("expression", "")
-            except (json.JSONDecodeError, AttributeError):
-                expression = ""
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
+    async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+        for _ in range(MAX_CALLS):
+            response = await client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
+            message = response.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                answer = message.content or ""
+                break
+            for call in message.tool_calls:
+                try:
+                    expression = json.loads(call.function.arguments).get("expression", "")
+                except (json.JSONDecodeError, AttributeError):
+                    expression = ""
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
     stated = re.search(r"The answer is (-?\d+)", answer)
     return float(stated is not None and int(stated.group(1)) == task["data"]["answer"])

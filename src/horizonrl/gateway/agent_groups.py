@@ -15,9 +15,11 @@ rewards posted there become the turns' rewards (GiGPO's step rewards). An agent 
 episode carries `metrics["error"]`, so the group estimators leave it out of its group: never a silent 0.
 
 The agents share one event loop, so an agent that blocks it (a synchronous client such as `openai.OpenAI`
-inside `async def`) makes every rollout of the batch wait for its calls. A batch whose loop was blocked
-over `BLOCKED_SHARE` of its time (and over a second) is logged, once per run, naming the likely cause; a
-one-off stall (an import on the first call) is not.
+inside `async def`) makes every rollout of the batch wait for its calls. Each step of an agent (its code
+between two awaits) is timed; a batch whose steps of over `LONG_STEP_S` add up to over `BLOCKED_SHARE` of
+its time (and over a second) is logged, once per run, naming the likely cause. A one-off stall (an import
+on the first call) is not. The loop's own lateness would not do: the gateway's thread (the engine) holds
+the GIL for much of the time, which delays the loop without any agent blocking it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import asdict, replace
 
 from horizonrl.engines.base import Engine, Generation, SamplingParams
@@ -39,7 +41,8 @@ from horizonrl.rollout.seeds import first_training_seed
 
 log = logging.getLogger(__name__)
 AgentFn = Callable[[dict, str], Awaitable[float | None]]
-BLOCKED_SHARE = 0.5    # of a batch's time, the agents' event loop blocked: reported
+LONG_STEP_S = 0.5      # an agent's step (its code between two awaits) this long blocks the others
+BLOCKED_SHARE = 0.5    # of a batch's time, in long steps: reported
 
 
 class RunSampling:
@@ -75,16 +78,31 @@ def episode_from_rollout(rollout: Rollout, episode_id: str, task: Task, group_id
     return Episode(episode_id, task.task_id, task.seed, group_id, turns, data=dict(task.data))
 
 
-async def time_blocked(blocked: list[float], tick_s: float = 0.05) -> None:
-    """Until cancelled: add to `blocked[0]` how late the running loop wakes this up, each time that is
-    more than a tick (the time something in the loop ran without awaiting)."""
-    loop = asyncio.get_running_loop()
-    while True:
-        due = loop.time() + tick_s
-        await asyncio.sleep(tick_s)
-        late = loop.time() - due
-        if late > tick_s:
-            blocked[0] += late
+class LongSteps:
+    """`await LongSteps(coro, blocked)` awaits `coro`, timing each of its steps (one `send` or `throw`: its
+    code up to its next await) and adding those over LONG_STEP_S to `blocked[0]`."""
+
+    def __init__(self, coro: Coroutine, blocked: list[float]):
+        self.coro, self.blocked = coro, blocked
+
+    def __await__(self):
+        value, error = None, None
+        while True:
+            started = time.monotonic()
+            try:
+                awaited = self.coro.send(value) if error is None else self.coro.throw(error)
+            except StopIteration as done:
+                self._count(time.monotonic() - started)
+                return done.value
+            self._count(time.monotonic() - started)
+            try:
+                value, error = (yield awaited), None
+            except BaseException as thrown:          # cancellation (a timeout) goes on into the agent
+                value, error = None, thrown
+
+    def _count(self, step_s: float) -> None:
+        if step_s > LONG_STEP_S:
+            self.blocked[0] += step_s
 
 
 def response_text(response: dict) -> str:
@@ -136,28 +154,24 @@ class AgentGroupCollector:
         self.next_seed = state["next_seed"]
 
     async def _run(self, tasks: list[Task], base_url: str) -> list[Episode]:
-        jobs = [self._rollout(task, k, base_url) for task in tasks for k in range(self.group_size)]
         blocked, started = [0.0], time.monotonic()
-        watch = asyncio.ensure_future(time_blocked(blocked))
-        try:
-            episodes = list(await asyncio.gather(*jobs))
-        finally:
-            watch.cancel()
+        jobs = [self._rollout(task, k, base_url, blocked) for task in tasks for k in range(self.group_size)]
+        episodes = list(await asyncio.gather(*jobs))
         elapsed = time.monotonic() - started
         if blocked[0] > max(1.0, BLOCKED_SHARE * elapsed) and not self.block_reported:
             self.block_reported = True
-            log.warning("the agents' event loop was blocked %.1f s of the batch's %.1f s: an agent runs blocking "
-                        "code inside `async def`, e.g. openai.OpenAI where openai.AsyncOpenAI is needed, so the "
-                        "batch's rollouts wait for each other (reported once per run)", blocked[0], elapsed)
+            log.warning("the agents blocked their event loop for %.1f s of the batch's %.1f s: an agent runs "
+                        "blocking code inside `async def`, e.g. openai.OpenAI where openai.AsyncOpenAI is needed, "
+                        "so the batch's rollouts wait for each other (reported once per run)", blocked[0], elapsed)
         return episodes
 
-    async def _rollout(self, task: Task, k: int, base_url: str) -> Episode:
+    async def _rollout(self, task: Task, k: int, base_url: str, blocked: list[float]) -> Episode:
         rollout_id = f"seed{task.seed}-r{k}"                   # URL-safe, unique over the run's batches
         self.gateway.recorder.issue(rollout_id)
         failure, returned = None, None
         try:
-            returned = await asyncio.wait_for(self.agent(asdict(task), f"{base_url}/rollouts/{rollout_id}/v1"),
-                                              self.timeout_s)
+            agent = self.agent(asdict(task), f"{base_url}/rollouts/{rollout_id}/v1")
+            returned = await asyncio.wait_for(LongSteps(agent, blocked), self.timeout_s)
         except asyncio.TimeoutError:
             failure = f"timed out after {self.timeout_s} s"
         except Exception as error:                              # the agent's own bug or its client's error
