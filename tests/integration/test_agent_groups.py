@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+from openai import AsyncOpenAI, OpenAI
 
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine
@@ -67,8 +68,6 @@ def test_the_example_agent_becomes_merged_episodes_with_no_split(qwen_tokenizer,
 async def blocking_agent(task: dict, base_url: str) -> float:
     """A synchronous client inside `async def`: its call, and 1.5 s standing in for a model that takes
     seconds to answer, hold the event loop every agent runs on."""
-    from openai import OpenAI
-
     OpenAI(base_url=base_url, api_key="unused", max_retries=0).chat.completions.create(model="m",
                                                                                         messages=task["messages"])
     time.sleep(1.5)
@@ -90,8 +89,6 @@ def test_an_agent_that_blocks_the_event_loop_is_reported_once(qwen_tokenizer, ca
 
 
 def test_one_stall_in_a_batch_of_async_agents_is_not_reported(qwen_tokenizer, caplog):
-    from openai import AsyncOpenAI
-
     blocked_once = []
 
     async def agent(task: dict, base_url: str) -> float:
@@ -110,8 +107,6 @@ def test_one_stall_in_a_batch_of_async_agents_is_not_reported(qwen_tokenizer, ca
 
 async def rewriting_agent(task: dict, base_url: str) -> float:
     """Calls the model twice, the second time with its first answer rewritten in its history."""
-    from openai import AsyncOpenAI
-
     client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     messages = list(task["messages"])
     first = await client.chat.completions.create(model="m", messages=messages)
@@ -143,9 +138,11 @@ async def never_calls(task, base_url):
     return 1.0
 
 
-async def one_call(base_url: str, **kwargs) -> None:
-    from openai import AsyncOpenAI
+def not_async(task, base_url):
+    return 1.0
 
+
+async def one_call(base_url: str, **kwargs) -> None:
     client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
     await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Problem: 1 + 1"}],
                                          **kwargs)
@@ -176,7 +173,9 @@ def echo_engine(tokenizer):
 @pytest.mark.parametrize("agent,error", [
     (raises, "the agent raised RuntimeError: agent bug"), (sleeps, "the agent timed out after 0.5 s"),
     (never_calls, "the agent made no model call"), (no_reward, "the agent returned no reward and posted none"),
-    (nan_reward, "the agent returned a reward that is not a finite number: nan")])
+    (nan_reward, "the agent returned a reward that is not a finite number: nan"),
+    (not_async, "the agent raised TypeError: task.agent must be an `async def` function: it returned float, not a "
+                "coroutine")])
 def test_a_failed_agent_is_counted_and_left_out_of_its_group(qwen_tokenizer, agent, error):
     tasks = [arithmetic.make_task(0)]
     episodes, errors = run(qwen_tokenizer, agent, tasks, timeout_s=0.5, engine=echo_engine(qwen_tokenizer))

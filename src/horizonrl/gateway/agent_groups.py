@@ -25,6 +25,7 @@ the GIL for much of the time, which delays the loop without any agent blocking i
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import time
@@ -83,6 +84,9 @@ class LongSteps:
     code up to its next await) and adding those over LONG_STEP_S to `blocked[0]`."""
 
     def __init__(self, coro: Coroutine, blocked: list[float]):
+        if not inspect.iscoroutine(coro):
+            raise TypeError(f"task.agent must be an `async def` function: it returned {type(coro).__name__}, "
+                            "not a coroutine")
         self.coro, self.blocked = coro, blocked
 
     def __await__(self):
