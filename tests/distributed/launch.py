@@ -23,7 +23,7 @@ def torchrun(nproc: int, args: list[str], timeout_s: float = 600, retries: int =
     """`python -m torch.distributed.run --nproc_per_node nproc --standalone ARGS`; its completed process.
     A launch that fails is retried `retries` times (not when a failure is what the test expects)."""
     output_dir = next((Path(arg.split("=", 1)[1]) for arg in args if arg.startswith("output_dir=")), None)
-    existing = set(output_dir.iterdir()) if output_dir is not None and output_dir.is_dir() else set()
+    existing = folders_in(output_dir)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone", *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     for attempt in range(retries + 1):
@@ -37,9 +37,14 @@ def torchrun(nproc: int, args: list[str], timeout_s: float = 600, retries: int =
                       f"({time.monotonic() - started:.0f} s): {' '.join(args)}\n")
         print(f"torchrun failed (exit {done.returncode}), retrying once:\n{failure_excerpt(done.stderr)}",
               file=sys.stderr)
-        for created in set(output_dir.iterdir()) - existing if output_dir is not None and output_dir.is_dir() else ():
+        for created in folders_in(output_dir) - existing:
             shutil.rmtree(created)
     return done
+
+
+def folders_in(output_dir: Path | None) -> set[Path]:
+    """What `output_dir` holds (nothing when there is none, or none yet)."""
+    return set(output_dir.iterdir()) if output_dir is not None and output_dir.is_dir() else set()
 
 
 def failure_excerpt(stderr: str, size: int = 3000) -> str:

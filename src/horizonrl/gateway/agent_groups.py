@@ -96,9 +96,9 @@ class LongSteps:
             try:
                 awaited = self.coro.send(value) if error is None else self.coro.throw(error)
             except StopIteration as done:
-                self._count(time.monotonic() - started)
                 return done.value
-            self._count(time.monotonic() - started)
+            finally:
+                self._count(time.monotonic() - started)
             try:
                 value, error = (yield awaited), None
             except BaseException as thrown:          # cancellation (a timeout) goes on into the agent
