@@ -1,5 +1,10 @@
+import os
+
 import pytest
 import torch
+
+# precision=auto means fp32 on every CI machine, AMX or not (learner/device.py); bf16 tests ask for it
+os.environ["HORIZONRL_CPU_BF16"] = "0"
 
 torch.set_num_threads(1)
 

@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     eval_cmd = commands.add_parser("eval", help="play whole episodes on held-out seeds, greedy and sampled, and "
                                                 "report success, length, return, valid actions and failure types")
     eval_cmd.add_argument("target", metavar="RUN_OR_CHECKPOINT",
-                          help="a run folder (its checkpoint/), RUN/init, RUN/checkpoint or any checkpoint folder")
+                          help="a run folder (its checkpoint/), RUN/init, RUN/checkpoint, any checkpoint folder, "
+                               "builtin:NAME or a .gguf file")
     eval_cmd.add_argument("--episodes", type=int, default=64, help="episodes per env and mode")
     eval_cmd.add_argument("--env", nargs="+", dest="env_ids", metavar="ID", help="env ids (default: the run's env)")
     eval_cmd.add_argument("--max-steps", type=int, help="turns after which an episode is cut (default: the env's)")
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     eval_cmd.add_argument("--mode", choices=["greedy", "sampled", "both"], default="both")
     eval_cmd.add_argument("engine_settings", nargs="*", metavar="key=value",
                           help="the engine that samples (right after the target): rollout.engine=hf|vllm|openai, "
-                               "rollout.vllm.*, rollout.openai.*")
+                               "rollout.vllm.*, rollout.openai.*, precision=auto|fp32|bf16")
     plan_cmd = commands.add_parser("plan", help="per-GPU memory of a training run from the model's config.json "
                                                 "alone, whether it fits, and else the smallest change that fits")
     plan_cmd.add_argument("config", metavar="CONFIG", help="a recipe YAML")
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     export_cmd.add_argument("--to", required=True, type=Path, dest="out", metavar="DIR", help="the new model folder")
     gateway_cmd = commands.add_parser("gateway", help="serve a model over the OpenAI API (chat, completions), "
                                                       "recording the exact tokens of every call")
-    gateway_cmd.add_argument("model", metavar="MODEL", help="a hub id, a model folder or builtin:NAME")
+    gateway_cmd.add_argument("model", metavar="MODEL", help="a hub id, a model folder, builtin:NAME or a .gguf file")
     gateway_cmd.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     gateway_cmd.add_argument("--host", default="127.0.0.1", help="the address to bind (default: this machine only)")
     gateway_cmd.add_argument("--port", type=int, default=8000)

@@ -407,6 +407,9 @@ class TrainConfig(Section):
     save_every: int = Field(10, ge=0, description="iterations between resumable checkpoints (checkpoints/iter_N, "
                                                   "`train --resume`); 0: only after the last one and on a stop signal")
     device: str = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="bf16 autocast over fp32 weights: auto = on CUDA and on CPUs with AMX-BF16 "
+                            "(learner/device.py)")
     output_dir: str = "runs"
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()

@@ -15,8 +15,10 @@ What is evaluated, and with which settings:
 Modes: greedy (temperature 0) and sampled (the run's temperature, the sampler seeded with `--seed`).
 Episodes: the first N held-out seeds (rollout/seeds.py), the same for every checkpoint; an episode
 ends when the env ends it, or after `--max-steps` turns (then it counts as truncated).
+- a model name (`builtin:NAME`, a .gguf file: its converted folder, learner/gguf.py): the config defaults,
+  and `--env` is required.
 The results go to eval-<checkpoint folder name>.json beside the checkpoint folder (RUN/eval-checkpoint.json,
-RUN/eval-init.json).
+RUN/eval-init.json); for a model name, in runs/.
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from pathlib import Path
 from horizonrl.config import TrainConfig, apply_overrides, load_config, validate
 from horizonrl.envs import check_kwargs
 from horizonrl.envs.pool import open_envs
-from horizonrl.learner.device import resolve_device
-from horizonrl.learner.models import load_policy
+from horizonrl.learner.device import precision, resolve_device
+from horizonrl.learner.models import BUILTIN, load_policy, resolve_model_path
 from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary
 from horizonrl.rollout.episode_groups import EpisodeGroupCollector
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
@@ -39,16 +41,24 @@ from horizonrl.rollout.seeds import HELD_OUT_START, SEED_BLOCK, held_out_seeds, 
 
 log = logging.getLogger(__name__)
 MODES = ("greedy", "sampled")
-ENGINE_KEYS = ("rollout.engine=", "rollout.vllm.", "rollout.openai.")
+ENGINE_KEYS = ("rollout.engine=", "rollout.vllm.", "rollout.openai.", "precision=")
 
 
 def resolve_target(target: str | Path) -> tuple[Path, Path | None]:
-    """(checkpoint folder, the run's config.yaml or None); a run folder stands for its checkpoint/."""
+    """(checkpoint folder, the run's config.yaml or None); a run folder stands for its checkpoint/, a
+    model name (`builtin:NAME`, a .gguf file) for its folder (learner/models.resolve_model_path)."""
+    if is_model_name(target):
+        return Path(resolve_model_path(str(target))), None
     checkpoint = Path(target).resolve()
     if (checkpoint / "config.yaml").is_file():
         checkpoint = checkpoint / "checkpoint"
     run_config = checkpoint.parent / "config.yaml"
     return checkpoint, run_config if run_config.is_file() else None
+
+
+def is_model_name(target: str | Path) -> bool:
+    """Whether `target` names a model rather than a folder: `builtin:NAME` or a .gguf file."""
+    return str(target).startswith(BUILTIN) or str(target).lower().endswith(".gguf")
 
 
 def model_to_load(checkpoint: Path, cfg: TrainConfig, run_config: Path | None) -> str:
@@ -90,7 +100,7 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
                          "envs": {}} for mode in modes},
     }
     # one engine for every env and mode: each request is seeded, so none depends on what came before
-    with contextlib.closing(make_engine(model, tokenizer, cfg.rollout, seed, device)) as engine:
+    with precision(cfg.precision), contextlib.closing(make_engine(model, tokenizer, cfg.rollout, seed, device)) as engine:
         for env_id in env_ids:
             kwargs = cfg.env.kwargs if env_id in cfg.env.ids else {}
             envs = open_envs(env_id, kwargs, min(episodes, cfg.rollout.n_env), cfg.env.workers, cfg.env.timeout_s)
@@ -107,7 +117,9 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
             finally:
                 for env in envs:
                     env.close()
-    results_path = checkpoint.parent / f"eval-{checkpoint.name}.json"
+    results_dir = Path(cfg.output_dir) if is_model_name(target) else checkpoint.parent
+    results_dir.mkdir(parents=True, exist_ok=True)
+    results_path = results_dir / f"eval-{checkpoint.name}.json"
     results_path.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
     return results, results_path
 

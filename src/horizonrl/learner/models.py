@@ -11,6 +11,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from horizonrl.config import ConfigError
+from horizonrl.learner.gguf import PACKAGED_GGUF, gguf_folder, packaged_gguf
 
 
 BUILTIN = "builtin:"
@@ -19,13 +20,21 @@ LOCAL_PREFIXES = ("/", "./", "../", "~", "runs/")
 
 
 def resolve_model_path(name_or_path: str) -> str:
-    """`builtin:<name>` is a checkpoint shipped inside the package (horizonrl/checkpoints/<name>);
-    anything else is a local folder or a hub id, returned as is."""
+    """`builtin:<name>` is a checkpoint shipped inside the package (horizonrl/checkpoints/<name>) or a
+    GGUF file shipped by a pip package (learner/gguf.PACKAGED_GGUF); a path ending in .gguf is a GGUF
+    file. Both GGUF kinds resolve to their cached converted folder (converted on first use). Anything
+    else is a local folder or a hub id, returned as is."""
+    if name_or_path.lower().endswith(".gguf"):
+        return str(gguf_folder(Path(name_or_path).expanduser()))
     if not name_or_path.startswith(BUILTIN):
         return name_or_path
-    folder = BUILTIN_CHECKPOINTS / name_or_path.removeprefix(BUILTIN)
+    name = name_or_path.removeprefix(BUILTIN)
+    if name in PACKAGED_GGUF:
+        return str(gguf_folder(packaged_gguf(name)))
+    folder = BUILTIN_CHECKPOINTS / name
     if not (folder / "config.json").is_file():
-        shipped = sorted(BUILTIN + p.parent.name for p in BUILTIN_CHECKPOINTS.glob("*/config.json"))
+        shipped = sorted([BUILTIN + p.parent.name for p in BUILTIN_CHECKPOINTS.glob("*/config.json")]
+                         + [BUILTIN + n for n in PACKAGED_GGUF])
         raise ConfigError(f"model.path: no built-in checkpoint {name_or_path!r}; shipped: {', '.join(shipped)}")
     return str(folder)
 

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from horizonrl.config import ConfigError, TrainConfig
 from horizonrl.envs.pool import open_envs
+from horizonrl.learner.device import precision
 from horizonrl.learner.distributed import start_ranks, stop_ranks
 from horizonrl.learner.lora import merged_parameters
 from horizonrl.learner.update import Stats, minibatch_updates
@@ -51,35 +52,36 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
 
     Launched by torchrun (WORLD_SIZE set), every rank runs this same function on its share of the
     streams or tasks (see train/context.py); rank 0 alone writes the logs and the report."""
-    check_sinks(cfg.report_to)
-    ranks, device = start_ranks(cfg.dist, cfg.device)
-    try:
-        check_world_size(cfg, ranks.world_size)
-        point = ranks.broadcast(prepare_resume(resume, cfg) if resume is not None and ranks.is_main else None)
-        torch.manual_seed(cfg.seed)
-        streams = ranks.share(cfg.rollout.n_env)
-        envs = [] if cfg.task is not None else open_envs(cfg.env.ids, cfg.env.kwargs, len(streams), cfg.env.workers,
-                                                         cfg.env.timeout_s, streams.start)
+    with precision(cfg.precision):
+        check_sinks(cfg.report_to)
+        ranks, device = start_ranks(cfg.dist, cfg.device)
         try:
-            with StopSignals() as signals:
-                ctx = start_run(cfg, envs, signals, point, ranks, device)
-                with ctx.metrics or contextlib.nullcontext(), contextlib.closing(ctx.engine), \
-                        contextlib.closing(ctx.collector):
-                    run_iterations(ctx, progress and ranks.is_main)
-                save_checkpoint(ctx.run_dir / "checkpoint", ctx.actor, ctx.tokenizer, ctx.critic, ranks)
-        except TrainingStopped as stopped:
+            check_world_size(cfg, ranks.world_size)
+            point = ranks.broadcast(prepare_resume(resume, cfg) if resume is not None and ranks.is_main else None)
+            torch.manual_seed(cfg.seed)
+            streams = ranks.share(cfg.rollout.n_env)
+            envs = [] if cfg.task is not None else open_envs(cfg.env.ids, cfg.env.kwargs, len(streams), cfg.env.workers,
+                                                             cfg.env.timeout_s, streams.start)
+            try:
+                with StopSignals() as signals:
+                    ctx = start_run(cfg, envs, signals, point, ranks, device)
+                    with ctx.metrics or contextlib.nullcontext(), contextlib.closing(ctx.engine), \
+                            contextlib.closing(ctx.collector):
+                        run_iterations(ctx, progress and ranks.is_main)
+                    save_checkpoint(ctx.run_dir / "checkpoint", ctx.actor, ctx.tokenizer, ctx.critic, ranks)
+            except TrainingStopped as stopped:
+                if ranks.is_main:
+                    write_report(stopped.run_dir)
+                raise
+            finally:
+                for env in envs:
+                    env.close()
             if ranks.is_main:
-                write_report(stopped.run_dir)
-            raise
+                write_report(ctx.run_dir)
+            ranks.barrier()   # no rank tears the process group down while another still holds its connections
+            return ctx.run_dir
         finally:
-            for env in envs:
-                env.close()
-        if ranks.is_main:
-            write_report(ctx.run_dir)
-        ranks.barrier()   # no rank tears the process group down while another still holds its connections
-        return ctx.run_dir
-    finally:
-        stop_ranks(ranks)
+            stop_ranks(ranks)
 
 
 def check_world_size(cfg: TrainConfig, world_size: int) -> None:

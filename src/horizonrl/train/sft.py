@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from horizonrl.config import TrainConfig
-from horizonrl.learner.device import resolve_device
+from horizonrl.learner.device import precision, resolve_device
 from horizonrl.learner.models import pad_token_id
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.report.metrics import episode_metrics
@@ -32,16 +32,17 @@ def sft(cfg: TrainConfig) -> Path:
     """Run the supervised warm start; returns the run folder (checkpoint/, metrics.jsonl, config.yaml)."""
     check_sinks(cfg.report_to)
     torch.manual_seed(cfg.seed)
-    device = resolve_device(cfg.device)
-    tokenizer, policy = build_policy(cfg, device)
-    agent = make_agent(tokenizer, cfg.agent)
-    demos = [episode for env_id in cfg.env.ids
-             for episode in expert_episodes(agent, env_id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed)]
-    demo_metrics = episode_metrics(demos)
-    log.info("%d expert episodes, %d turns, success rate %.3f", len(demos), demo_metrics["env/turns"],
-             demo_metrics["env/success_rate"])
-    losses = supervised_finetune(policy, per_turn(demos), pad_token_id(tokenizer), cfg.sft.steps, cfg.sft.batch_size,
-                                 cfg.sft.lr, seed=cfg.seed)
+    with precision(cfg.precision):
+        device = resolve_device(cfg.device)
+        tokenizer, policy = build_policy(cfg, device)
+        agent = make_agent(tokenizer, cfg.agent)
+        demos = [episode for env_id in cfg.env.ids
+                 for episode in expert_episodes(agent, env_id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed)]
+        demo_metrics = episode_metrics(demos)
+        log.info("%d expert episodes, %d turns, success rate %.3f", len(demos), demo_metrics["env/turns"],
+                 demo_metrics["env/success_rate"])
+        losses = supervised_finetune(policy, per_turn(demos), pad_token_id(tokenizer), cfg.sft.steps, cfg.sft.batch_size,
+                                     cfg.sft.lr, seed=cfg.seed)
     run_dir = make_run_dir(cfg)
     with MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json")) as metrics:
         metrics.write({"iteration": 0, "phase": "demonstrations", **demo_metrics})
