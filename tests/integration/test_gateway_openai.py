@@ -4,16 +4,14 @@ own chat template, greedy tokens from the model's own forward passes."""
 
 import asyncio
 import json
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import openai
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from integration.gateway_process import gateway_process
 
 from horizonrl.engines.scripted import ScriptedEngine
 from horizonrl.gateway import Gateway, GatewayThread
@@ -34,26 +32,10 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`horizonrl gateway builtin:babyai-tiny` in a subprocess: its base URL and traces file."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     traces = tmp_path_factory.mktemp("gateway") / "traces.jsonl"
-    process = subprocess.Popen([sys.executable, "-m", "horizonrl.cli", "gateway", MODEL, "--port", str(port),
-                                "--traces", str(traces), "--device", "cpu"], stdout=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{url}/health").status_code == 200:
-                break
-        except httpx.ConnectError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, "the gateway did not start"
-        time.sleep(0.5)
-    assert process.stdout.readline().startswith(f"gateway: {url}/v1")   # bound to 127.0.0.1 by default
-    yield url, traces
-    process.terminate()
-    process.wait(timeout=30)
+    with gateway_process(MODEL, "--traces", str(traces)) as (url, process):
+        assert process.stdout.readline().startswith(f"gateway: {url}/v1")   # bound to 127.0.0.1 by default
+        yield url, traces
 
 
 @pytest.fixture(scope="module")

@@ -5,16 +5,13 @@ openai client. Skipped, saying so, where the package is not installed (`pip inst
 
 import asyncio
 import importlib.util
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 import torch
+
+from integration.gateway_process import gateway_process
 
 from horizonrl import envs
 from horizonrl.agents.agent import Agent, chat_prompt_ids
@@ -128,30 +125,12 @@ def test_one_training_iteration_of_the_real_model(tmp_path, smollm2, algorithm):
     assert max(moved) > 0 and len(moved) == len(list(smollm2[1].parameters()))
 
 
-def test_the_gateway_serves_the_real_model_to_the_openai_client(tmp_path):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "horizonrl.cli", "gateway", MODEL, "--port", str(port),
-                                "--device", "cpu"], stdout=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health").status_code == 200:
-                    break
-            except httpx.ConnectError:
-                pass
-            assert process.poll() is None and time.monotonic() < deadline, "the gateway did not start"
-            time.sleep(0.5)
+def test_the_gateway_serves_the_real_model_to_the_openai_client():
+    with gateway_process(MODEL, start_timeout_s=300) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
         reply = client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=24, temperature=0)
-        assert "Paris" in reply.choices[0].message.content
-        assert reply.choices[0].finish_reason == "stop"
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.choices[0].finish_reason == "stop"
 
 
 def test_the_converted_folder_is_reused(smollm2):
