@@ -81,7 +81,8 @@ def main() -> None:
         "model": args.model, "rows": args.rows, "length": args.length,
         "fwd_bwd_tokens_per_s": {name: round(value, 1) for name, value in speed.items()},
         "bf16_speedup": round(speed["bf16"] / speed["fp32"], 3),
-        "logprob_abs_diff": {f"engine {e} / learner {l}": logprob_gaps(tokenizer, model, e, l, prompts) for e, l in PAIRS},
+        "logprob_abs_diff": {f"engine {engine} / learner {learner}":
+                             logprob_gaps(tokenizer, model, engine, learner, prompts) for engine, learner in PAIRS},
     }))
 
 

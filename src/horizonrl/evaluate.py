@@ -99,8 +99,10 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
         "modes": {mode: {"temperature": temperatures[mode], "top_p": cfg.rollout.top_p if mode == "sampled" else None,
                          "envs": {}} for mode in modes},
     }
-    # one engine for every env and mode: each request is seeded, so none depends on what came before
-    with precision(cfg.precision), contextlib.closing(make_engine(model, tokenizer, cfg.rollout, seed, device)) as engine:
+    # one engine for every env and mode: each request is seeded, so none depends on what came before;
+    # built inside the precision block, which fixes its autocast
+    with precision(cfg.precision), contextlib.closing(make_engine(model, tokenizer, cfg.rollout, seed,
+                                                                device)) as engine:
         for env_id in env_ids:
             kwargs = cfg.env.kwargs if env_id in cfg.env.ids else {}
             envs = open_envs(env_id, kwargs, min(episodes, cfg.rollout.n_env), cfg.env.workers, cfg.env.timeout_s)

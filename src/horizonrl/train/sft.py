@@ -36,13 +36,13 @@ def sft(cfg: TrainConfig) -> Path:
         device = resolve_device(cfg.device)
         tokenizer, policy = build_policy(cfg, device)
         agent = make_agent(tokenizer, cfg.agent)
-        demos = [episode for env_id in cfg.env.ids
-                 for episode in expert_episodes(agent, env_id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed)]
+        demos = [episode for env_id in cfg.env.ids for episode in
+                 expert_episodes(agent, env_id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed)]
         demo_metrics = episode_metrics(demos)
         log.info("%d expert episodes, %d turns, success rate %.3f", len(demos), demo_metrics["env/turns"],
                  demo_metrics["env/success_rate"])
-        losses = supervised_finetune(policy, per_turn(demos), pad_token_id(tokenizer), cfg.sft.steps, cfg.sft.batch_size,
-                                     cfg.sft.lr, seed=cfg.seed)
+        losses = supervised_finetune(policy, per_turn(demos), pad_token_id(tokenizer), cfg.sft.steps,
+                                     cfg.sft.batch_size, cfg.sft.lr, seed=cfg.seed)
     run_dir = make_run_dir(cfg)
     with MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json")) as metrics:
         metrics.write({"iteration": 0, "phase": "demonstrations", **demo_metrics})
