@@ -1,6 +1,7 @@
 """Rollout throughput of the continuously batched hf engine against lockstep batches; prints one JSON object.
 
     python benchmarks/rollout.py [--streams 16] [--turns 8] [--repeats 5] [--workload long_tailed|uniform]
+    python benchmarks/rollout.py --model DIR [--streams 16] [--turns 8] [--max-tokens 16] [--autocast bf16]
 
 Workload (one seed, so every mode runs the same one): N streams of K turns on the toy-size tiny model
 (random weights). Turn k of a stream samples a response to the stream's prompt (its first prompt, 32..96
@@ -14,6 +15,9 @@ generate -> step -> generate ...) against lockstep (all prompts in one `generate
 stepped concurrently, repeat); (2) generated tokens/s of the async run against a ceiling: one batched
 `model.generate` on N equal requests of the workload's mean prompt and response lengths; the async run
 is also timed with every env latency set to 0, to separate the engine's own cost from waiting on envs.
+
+With `--model DIR` (a transformers model folder, e.g. a pretrained chat model) it measures instead the
+engine's cost per turn on BabyAI prompts as the default agent builds them; see `turn_cost`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -30,9 +35,12 @@ import time
 import torch
 
 from horizonrl import envs
-from horizonrl.config import TinyModel
+from horizonrl.agents import HistoryEntry
+from horizonrl.config import AgentConfig, TinyModel
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
+from horizonrl.learner.models import pad_token_id
+from horizonrl.rollout.from_config import make_agent
 from horizonrl.train.warm_start import build_tiny_for_envs
 
 
@@ -124,14 +132,71 @@ def ceiling_request(model, workload: list[Stream]) -> tuple[torch.Tensor, int]:
     return input_ids, new_tokens
 
 
+def turn_cost(model_dir: str, streams: int, turns: int, max_tokens: int, autocast: torch.dtype | None) -> dict:
+    """Seconds (wall, and CPU of this process: steadier on a shared machine) and forward work per turn of
+    an `HFEngine` on `model_dir` playing BabyAI goto with the default agent (`AgentConfig()`: history=window,
+    so every prompt is rebuilt: system prompt with the episode's mission, the last turn, the new observation).
+    Each turn submits every stream's prompt at once, samples exactly `max_tokens` tokens (no stop ids,
+    temperature 1) and steps every env with the parsed action. In the last turn a quarter of the streams
+    start a new episode, as streams whose episodes end do. The engine keeps its KV across turns, as within
+    one weights version of a run; `positions_run` counts rows x new tokens of every forward pass (padding
+    included), `sampled_digest` hashes every sampled token."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    engine = HFEngine(model, pad_token_id(tokenizer), seed=0, autocast_dtype=autocast)
+    agent, params = make_agent(tokenizer, AgentConfig()), SamplingParams(max_tokens, temperature=1.0)
+    games = [envs.make("babyai/goto") for _ in range(streams)]
+    observations = [game.reset(seed=i)[0] for i, game in enumerate(games)]
+    histories = [[] for _ in games]
+    positions = []   # rows x new tokens of every forward pass, padding included
+    model.register_forward_pre_hook(lambda module, args, kwargs: positions.append(kwargs["input_ids"].numel()),
+                                    with_kwargs=True)
+    sampled, report = hashlib.sha256(), []
+    for turn in range(turns):
+        if turn == turns - 1:
+            for i in range(0, streams, 4):
+                observations[i], histories[i] = games[i].reset(seed=streams + i)[0], []
+        prompts = [agent.prompt_ids(g, h, o) for g, h, o in zip(games, histories, observations)]
+        del positions[:]
+        started, cpu_started = time.perf_counter(), time.process_time()
+        generations = asyncio.run(_gather(engine, prompts, params))
+        report.append({"turn": turn + 1, "seconds": round(time.perf_counter() - started, 2),
+                       "cpu_seconds": round(time.process_time() - cpu_started, 2),
+                       "prompt_tokens": sum(map(len, prompts)), "forward_passes": len(positions),
+                       "positions_run": sum(positions)})
+        for i, (game, generation) in enumerate(zip(games, generations)):
+            sampled.update(str(generation.token_ids).encode())
+            decision, plan = agent.decide(game, generation.token_ids)
+            histories[i].append(HistoryEntry(observations[i], plan))
+            observation, _, terminated, truncated, _ = game.step(decision.action)
+            if terminated or truncated:
+                observation, histories[i] = game.reset(seed=1000 + 100 * turn + i)[0], []
+            observations[i] = observation
+    return {"model": model_dir, "autocast": str(autocast), "streams": streams, "max_tokens": max_tokens,
+            "turns": report, "sampled_digest": sampled.hexdigest()[:16]}
+
+
+async def _gather(engine: HFEngine, prompts: list[list[int]], params: SamplingParams):
+    return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--workload", choices=["long_tailed", "uniform"], default="long_tailed")
+    parser.add_argument("--model", help="measure the cost per turn of this model folder instead (see turn_cost)")
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--autocast", choices=["bf16"], help="with --model: sample under bf16 autocast")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.model:
+        autocast = torch.bfloat16 if args.autocast else None
+        print(json.dumps(turn_cost(args.model, args.streams, args.turns, args.max_tokens, autocast), indent=1))
+        return
     tokenizer, model = build_tiny_for_envs([envs.make("river")], TinyModel(), seed=0, device=torch.device("cpu"))
     workload = make_workload(args.streams, args.turns, len(tokenizer), args.workload == "long_tailed")
     pad_id, steps = tokenizer.pad_token_id, args.streams * args.turns

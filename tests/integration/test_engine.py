@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import random
 import re
 import threading
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from horizonrl.engines.base import SamplingParams
-from horizonrl.engines.hf import HFEngine, sample
+from horizonrl.engines.hf import MIN_SHARED_TOKENS, HFEngine, sample
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.samples.tensors import pad
 
@@ -115,9 +116,9 @@ def test_a_request_arriving_mid_decode_joins_the_batch_and_leaves_it_when_done(r
             handle.remove()
     assert len(long.token_ids) == 40 and len(short.token_ids) == 3
     # Prefill, 2 decode passes alone, then the short prompt runs in the same pass as the long row's
-    # next token (or, when that would pad the long row too much, in a pass of its own), 2 passes
-    # together, then alone again: 40 (41) passes where one request after the other would take 43.
-    admission = [(2, len(short_prompt))] if shared_pass else [(1, len(short_prompt)), (1, 1)]
+    # next token (or, when that would pad the long row too much, in a pass of its own after it), 2
+    # passes together, then alone again: 40 (41) passes where one request after the other would take 43.
+    admission = [(2, len(short_prompt))] if shared_pass else [(1, 1), (1, len(short_prompt))]
     assert [(rows, new) for rows, new, _ in shapes] == (
         [(1, len(long_prompt)), (1, 1), (1, 1)] + admission + [(2, 1), (2, 1)] + [(1, 1)] * 34)
     # The padding the shared pass gave the long row stays only while it is under a quarter of its width.
@@ -198,6 +199,95 @@ def test_kept_prefixes_stay_within_their_token_budget(river_tiny):
     small = HFEngine(model, tokenizer.pad_token_id, prefix_cache_tokens=kept[0] - 1)
     asyncio.run(small.generate(prompts_of(tokenizer, 1)[0], SamplingParams(max_tokens=5)))
     assert small._prefixes == []   # a sequence longer than the whole budget is not kept
+
+
+def random_ids(tokenizer, n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(3, len(tokenizer)) for _ in range(n)]   # 0..2: pad, bos, eos
+
+
+def windowed_turns(engine, system, missions, params, turns):
+    """Every mission is a stream whose prompt is rebuilt every turn, as agent.history=window does: the
+    system prompt, the mission, the last response, then a new observation. No prompt extends an
+    earlier one; all share the system prompt, a stream's prompts also share its mission."""
+    async def stream(index, mission):
+        prompts, generations, last = [], [], []
+        for turn in range(turns):
+            observation = random_ids(engine.tokenizer, 6 + turn, seed=100 * index + turn)
+            prompts.append(system + mission + last + observation)
+            generations.append(await engine.generate(prompts[-1], params))
+            last = generations[-1].token_ids
+        return prompts, generations
+
+    async def run():
+        return await asyncio.gather(*(stream(i, m) for i, m in enumerate(missions)))
+    return asyncio.run(run())
+
+
+def test_prompts_sharing_a_prefix_with_kept_sequences_prefill_only_the_rest(river_tiny):
+    tokenizer, model = river_tiny
+    system = random_ids(tokenizer, 40, seed=1)
+    missions = [random_ids(tokenizer, 5, seed=2 + i) for i in range(3)]
+    sampled = SamplingParams(max_tokens=5, temperature=1.0)
+
+    def engine(**options):
+        return HFEngine(model, tokenizer.pad_token_id, seed=7, tokenizer=tokenizer, **options)
+    without = windowed_turns(engine(prefix_cache_tokens=0), system, missions, sampled, 3)
+    cached = engine()
+    with forward_shapes(model) as shapes:
+        streams = windowed_turns(cached, system, missions, sampled, 3)
+    for (prompts, generations), (reference_prompts, reference) in zip(streams, without):
+        assert prompts == reference_prompts
+        for g, r in zip(generations, reference):
+            assert g.token_ids == r.token_ids and g.logprobs == pytest.approx(r.logprobs, abs=1e-4)
+        assert_learner_reproduces_logprobs(model, tokenizer, prompts, generations)
+    # The first prompts arrive together: their system prompt runs once, in a pass of its own; every
+    # later pass runs at most a mission, a response and an observation (8 tokens at most).
+    assert shapes[0] == (1, len(system), len(system))
+    assert all(new <= 5 + 5 + 8 for _, new, _ in shapes[1:])
+    assert sum(rows * new for rows, new, _ in shapes) < 0.5 * sum(len(p) for prompts, _ in without for p in prompts)
+    # A kept sequence that a prompt shares only a prefix with stays kept for the others.
+    assert len(cached._prefixes) == 3 * 3
+    # New weights make the kept KV stale: it is dropped.
+    cached.sync_weights(model)
+    with forward_shapes(model) as shapes:
+        asyncio.run(cached.generate(streams[0][0][-1], sampled))
+    assert shapes[0][1] == len(streams[0][0][-1])
+
+
+def test_a_prompt_reuses_a_shared_prefix_of_min_shared_tokens_short_of_its_own_last_token(river_tiny):
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id)
+    first = random_ids(tokenizer, 40, seed=1)
+    asyncio.run(engine.generate(first, SamplingParams(max_tokens=3, temperature=0.0)))
+    (kept,) = [p.token_ids for p in engine._prefixes]     # the prompt and the response but its last token
+    other = random_ids(tokenizer, 20, seed=2)
+    cases = [(first[:MIN_SHARED_TOKENS - 1] + other, MIN_SHARED_TOKENS - 1 + 20),   # shares too few: whole
+             (first[:MIN_SHARED_TOKENS] + other, 20),           # the rest after the shared prefix
+             (kept + other[:2], 2),                             # extends a kept sequence
+             (kept, 1)]                                         # all of it kept: its last token runs
+    for prompt, new in cases:
+        with forward_shapes(model) as shapes:
+            asyncio.run(engine.generate(prompt, SamplingParams(max_tokens=2)))
+        assert shapes[0][1] == new
+
+
+def test_prompts_admitted_together_run_their_shared_prefix_once(river_tiny):
+    tokenizer, model = river_tiny
+    system = random_ids(tokenizer, 30, seed=1)
+    x, y = (system + random_ids(tokenizer, 10, seed=s) for s in (2, 3))
+    alone = random_ids(tokenizer, 25, seed=4)            # shares nothing with the others
+    prompts = [x, y, x, y, alone]                          # two groups of two equal prompts, as GRPO samples
+    sampled = SamplingParams(max_tokens=4, temperature=1.0)
+    without = generate_all(HFEngine(model, tokenizer.pad_token_id, seed=3, prefix_cache_tokens=0), prompts, sampled)
+    with forward_shapes(model) as shapes:
+        generations = generate_all(HFEngine(model, tokenizer.pad_token_id, seed=3), prompts, sampled)
+    for g, r in zip(generations, without):
+        assert g.token_ids == r.token_ids and g.logprobs == pytest.approx(r.logprobs, abs=1e-4)
+    # One pass runs x and y but their last tokens (the system prompt they share goes with them);
+    # then the four prompts run their last token, and the fifth, which would pad them by 4 x 24 tokens,
+    # runs its whole prompt in a pass of its own.
+    assert shapes[:3] == [(2, 39, 39), (4, 1, 40), (1, 25, 25)]
 
 
 def test_what_a_request_samples_does_not_depend_on_its_batch_mates(river_tiny):

@@ -2,13 +2,16 @@
 
 One worker thread owns the running batch (left padding, explicit position ids, one KV cache) and
 loops over decode steps while the event loop keeps stepping envs. Every step admits the requests
-that arrived meanwhile: their prompts run in the same forward pass as the running rows' next tokens;
-after every step the responses that ended leave the batch and their futures resolve at once. So a
-long response or a slow env holds back only its own stream. The KV of every ended sequence is kept
-(up to a token budget, until the weights change): a later prompt that extends it, as a multi-turn
-stream's next prompt extends its last prompt and response, prefills only the new tokens. We sample with our own loop rather than
-`model.generate` because each request has its own max_tokens / temperature / top_p / stop ids and we
-need the exact log-probs of the sampled ids under the sampling distribution.
+that arrived meanwhile: their prompts run in the same forward pass as the running rows' next tokens
+(or, where that pads too much, in passes of their own); after every step the responses that ended
+leave the batch and their futures resolve at once. So a long response or a slow env holds back only
+its own stream. The KV of every ended sequence is kept (up to a token budget, until the weights
+change): a later prompt prefills only what follows the longest prefix it shares with one of them,
+be it the whole sequence (a multi-turn stream's next prompt extends its last prompt and response) or
+its start (a prompt rebuilt every turn keeps its system prompt), and prompts that arrive together
+and share a prefix prefill it once. We sample with our own loop rather than `model.generate`
+because each request has its own max_tokens / temperature / top_p / stop ids and we need the exact
+log-probs of the sampled ids under the sampling distribution.
 
 Why not transformers' continuous batching (`model.generate_batch`, `init_continuous_batching`;
 tried with transformers 5.23 on CPU, the tiny Llama, 16 prompts x 32 sampled tokens): it runs on
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +50,12 @@ class _Request:
     logprobs: list[float] = field(default_factory=list)
 
 
+MIN_SHARED_TOKENS = 16
+"""A prompt reuses the KV of a prefix it shares with a kept sequence when that prefix is the whole sequence
+or has at least this many tokens: a few shared tokens (a chat template's header) are chance, and copying
+their KV saves less than the copy costs, as a prompt prefilled beside others pads to the longest anyway."""
+
+
 @dataclass(eq=False)
 class _Prefix:
     """The KV of `token_ids`: one (keys, values) pair per layer, each [1, heads, len(token_ids), dim]."""
@@ -60,9 +69,10 @@ class _Batch:
     """Requests decoded together. Row b's prompt and response so far are the columns where
     attention[b] is 1 (in order; the last column is always one of them) of `attention` and of every
     cache layer, and `logits[b]` predicts its next token (None between sampling from them and the
-    next forward pass, and for rows whose prompt has not run yet)."""
+    next forward pass, and for rows whose prompt has not run yet). A row whose request is None only
+    computes the KV of a prefix that requests share (see `HFEngine._keep_shared_prefixes`)."""
 
-    requests: list[_Request]
+    requests: list[_Request | None]
     cache: DynamicCache
     attention: torch.Tensor  # [B, T]
     logits: torch.Tensor | None  # [B, vocab], float32
@@ -75,14 +85,16 @@ class HFEngine:
     a separate copy (then `sync_weights` loads the actor's state dict); call it between rollouts, never
     during one. `tokenizer` decodes responses for requests with `stop_patterns`. At most
     `max_batch_size` requests decode at once; the others wait for a row to free up. The KV of ended
-    sequences is kept for prompts that extend them, at most `prefix_cache_tokens` tokens in all (the
-    oldest go first; 0 turns this off). Newcomers' prompts run in the same forward pass as the running
-    rows' next tokens unless that would pad the running rows with more than `max_padding_tokens`
-    tokens in all; then they run in a pass of their own. Each request samples from its own generator,
-    seeded by `RequestSeeds` (the weights version is how many `sync_weights` came before). So what a
-    request samples does not depend on which other requests share its decode steps (up to float
-    rounding of batched matmuls), and a run whose collectors set `params.seed` is reproducible however
-    the arrivals interleave.
+    sequences is kept, at most `prefix_cache_tokens` tokens in all (the oldest go first; 0 turns this
+    off): a prompt reuses the longest prefix it shares with one of them (see MIN_SHARED_TOKENS), short
+    of its own last token, and prompts admitted together that share a prefix run it once, in a pass
+    before theirs. The running rows' next tokens and the newcomers' prompts (what follows their
+    reused prefix) run in forward passes in order of length: each joins the pass before it unless
+    that would pad that pass's rows with more than `max_padding_tokens` tokens in all. Each request
+    samples from its own generator, seeded by `RequestSeeds` (the weights version is how many
+    `sync_weights` came before). So what a request samples does not depend on which other requests
+    share its decode steps or which prefixes it reuses (up to float rounding of batched matmuls), and
+    a run whose collectors set `params.seed` is reproducible however the arrivals interleave.
     """
 
     def __init__(self, model, pad_id: int, max_batch_size: int = 256, seed: int = 0,
@@ -97,6 +109,11 @@ class HFEngine:
         self.seeds = RequestSeeds(seed)
         self.prefix_cache_tokens = prefix_cache_tokens
         self.max_padding_tokens = max_padding_tokens
+        config = model.config  # which masks the engine may build itself (see _mask)
+        layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+        self._sdpa_full_attention = (getattr(config, "_attn_implementation", None) == "sdpa"
+                                     and getattr(config, "sliding_window", None) is None
+                                     and layer_types == {"full_attention"})
         self._prefixes: list[_Prefix] = []  # oldest first; used by whichever thread decodes
         self._lock = threading.Lock()  # guards _pending and _working, shared with the worker thread
         self._pending: list[_Request] = []
@@ -133,7 +150,7 @@ class HFEngine:
         """What a checkpoint keeps: the weights version. Saved right after `sync_weights`, when no KV is
         kept and no request counted yet, this is all that decides what the engine samples next. (Saved
         before any sync, as after the critic warmup, the kept KV is dropped: prompts that would have
-        extended it are prefilled whole, which moves float rounding only, as batching does.)"""
+        reused it are prefilled whole, which moves float rounding only, as batching does.)"""
         return {"weights_version": self.seeds.version}
 
     def load_state_dict(self, state: dict) -> None:
@@ -160,14 +177,11 @@ class HFEngine:
         batch = None
         while (newcomers := self._admit(batch)) is not None:
             try:
-                batch, finished = self._step(batch, newcomers)
-            except Exception as error:  # every request the engine holds learns about it
+                batch = self._step(batch, newcomers, _settle)
+            except Exception as error:  # every request the engine holds learns about it, unless it has ended
                 for request in {*newcomers, *(batch.requests if batch else ())}:
                     settle(request.future, error)
                 batch = None
-                continue
-            for request, generation in finished:
-                settle(request.future, generation)
 
     def _admit(self, batch: _Batch | None) -> list[_Request] | None:
         """Take the pending requests that fit next to `batch`; None when there is nothing to run,
@@ -185,18 +199,20 @@ class HFEngine:
         """Sample a response for every prompt in one padded batch, run to completion."""
         with self._lock:
             requests = [self._request(prompt, p) for prompt, p in zip(prompts, params)]
-        batch, results = self._step(None, requests)[0], {}
+        results = {}
+        batch = self._step(None, requests, results.update)
         while batch is not None:
-            batch, finished = self._step(batch, [])
-            results.update(finished)
+            batch = self._step(batch, [], results.update)
         return [results[request] for request in requests]
 
     @torch.inference_mode()
-    def _step(self, batch: _Batch | None, newcomers: list[_Request]
-              ) -> tuple[_Batch | None, list[tuple[_Request, Generation]]]:
-        """Sample one token for every row of `batch`; the requests that ended leave with their
-        Generation. Then one forward pass runs the other rows' new tokens and the newcomers' prompts.
-        Returns the batch after it (None when no row is left) and the ended requests."""
+    def _step(self, batch: _Batch | None, newcomers: list[_Request],
+              on_finished: Callable[[list[tuple[_Request, Generation]]], object]) -> _Batch | None:
+        """Sample one token for every row of `batch`; the requests that ended leave, with their
+        Generation, to `on_finished` (at once: their streams go on during the forward passes). Then
+        forward passes (one, unless that pads too much) run the other rows' new tokens and the
+        newcomers' prompts past the prefixes they reuse. Returns the batch after them (None when no row
+        is left)."""
         running, finished, tokens = [], [], []
         if batch is not None:
             device = batch.logits.device
@@ -215,20 +231,24 @@ class HFEngine:
                 finished.append((request, Generation(request.token_ids, request.logprobs, reason,
                                                      request.weights_version)))
                 if self.prefix_cache_tokens:
-                    self._keep_prefix(batch, row)
+                    self._keep(request.prompt_ids + request.token_ids[:-1], batch, row)
+            on_finished(finished)
         if not running and not newcomers:
-            return None, finished
+            return None
         batch = _select(batch, running) if running else None
+        if self.prefix_cache_tokens and len(newcomers) > 1:
+            self._keep_shared_prefixes(newcomers)
         prefixes = [self._take_prefix(r.prompt_ids) for r in newcomers]
         prompts = [r.prompt_ids[len(p.token_ids) if p else 0:] for r, p in zip(newcomers, prefixes)]
-        if running and newcomers and len(running) * (max(map(len, prompts)) - 1) > self.max_padding_tokens:
-            # the running rows would pad to the newcomers' prompts: run them in a pass of their own
-            fresh = self._forward(_prefix_batch(newcomers, prefixes, self.device), prompts)
-            return _join(self._forward(batch, tokens), fresh), finished
-        if newcomers:
-            fresh = _prefix_batch(newcomers, prefixes, self.device)
-            batch = _join(batch, fresh) if batch else fresh
-        return self._forward(batch, tokens + prompts), finished
+        passes = []
+        for rows in _passes([1] * len(running) + list(map(len, prompts)), self.max_padding_tokens):
+            joins_running = rows[0] < len(running)  # the running rows, the narrowest, all open the first pass
+            parts, new_tokens = ([batch], tokens) if joins_running else ([], [])
+            if fresh := [i - len(running) for i in rows if i >= len(running)]:
+                parts.append(_prefix_batch([newcomers[i] for i in fresh], [prefixes[i] for i in fresh], self.device))
+                new_tokens = new_tokens + [prompts[i] for i in fresh]
+            passes.append(self._forward(_join(parts), new_tokens))
+        return _join(passes)
 
     def _forward(self, batch: _Batch, new_tokens: list[list[int]]) -> _Batch:
         """`batch` with row b extended by new_tokens[b] (right-aligned, padding before them) and run
@@ -241,31 +261,74 @@ class HFEngine:
         autocast = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype
                     else contextlib.nullcontext())
         with autocast:
-            out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+            out = self.model(input_ids=input_ids, attention_mask=self._mask(attention, width), position_ids=positions,
                              past_key_values=batch.cache, use_cache=True, logits_to_keep=1)
         return _compact(_Batch(batch.requests, batch.cache, attention, out.logits[:, -1].float()))
 
-    def _take_prefix(self, prompt_ids: list[int]) -> _Prefix | None:
-        """Remove and return the longest kept prefix that `prompt_ids` extends by at least one token."""
-        fits = [p for p in self._prefixes
-                if len(p.token_ids) < len(prompt_ids) and prompt_ids[:len(p.token_ids)] == p.token_ids]
-        if not fits:
-            return None
-        prefix = max(fits, key=lambda p: len(p.token_ids))
-        self._prefixes.remove(prefix)
-        return prefix
+    def _mask(self, attention: torch.Tensor, width: int) -> torch.Tensor:
+        """What the model attends with while `attention`'s last `width` columns run. Where a row is padded
+        and every layer attends fully through SDPA: the [B, 1, width, T] boolean mask that transformers
+        would build from `attention` (query i sees its row's columns up to column T - width + i), built
+        here for a fraction of the ~0.15 ms transformers takes, a tenth of a tiny model's decode step.
+        Else `attention` itself, from which the model builds its own mask (or finds it needs none)."""
+        if not self._sdpa_full_attention or bool(attention.all()):
+            return attention
+        columns = torch.arange(attention.shape[1], device=attention.device)
+        return attention.bool()[:, None, None, :] & (columns <= columns[-width:, None])
 
-    def _keep_prefix(self, batch: _Batch, row: int) -> None:
-        """Keep the KV of row `row`'s prompt and response but its last token (just sampled, so not yet
-        run through the model), dropping the oldest kept prefixes beyond `prefix_cache_tokens`."""
-        request = batch.requests[row]
-        token_ids = request.prompt_ids + request.token_ids[:-1]
-        if len(token_ids) > self.prefix_cache_tokens:
+    def _take_prefix(self, prompt_ids: list[int]) -> _Prefix | None:
+        """The KV of the longest prefix short of its last token that `prompt_ids` shares with a kept
+        sequence, if that prefix is the whole sequence or at least MIN_SHARED_TOKENS long (None if no
+        kept sequence gives one). The kept sequence stays kept: a prompt that diverges from it takes a
+        view of its first tokens."""
+        head, best, length = prompt_ids[:-1], None, 0
+        for prefix in reversed(self._prefixes):  # the newest wins a tie
+            kept, least = prefix.token_ids, min(len(prefix.token_ids), MIN_SHARED_TOKENS)
+            if min(len(kept), len(head)) > length and kept[:least] == head[:least]:
+                common = _common_length(kept, head)
+                if common > length:
+                    best, length = prefix, common
+        if best is None or length == len(best.token_ids):
+            return best
+        return _Prefix(best.token_ids[:length], [(k[:, :, :length], v[:, :, :length]) for k, v in best.layers])
+
+    def _keep_shared_prefixes(self, requests: list[_Request]) -> None:
+        """Run, in one forward pass, and keep the longest prefix that each prompt shares with another one
+        of `requests` (short of both prompts' last tokens), where it has at least MIN_SHARED_TOKENS tokens
+        that no kept sequence gives: prompts admitted together with a system prompt in common then prefill
+        it once, not once each."""
+        prompts = sorted(request.prompt_ids for request in requests)
+        # In sorted order a prompt shares its longest prefix with a neighbour; a shared prefix that
+        # another one extends needs no row of its own (a prompt reuses any part of a kept sequence).
+        candidates = (a[:min(_common_length(a, b), len(a) - 1, len(b) - 1)] for a, b in zip(prompts, prompts[1:]))
+        shared = sorted(c for c in candidates if MIN_SHARED_TOKENS <= len(c) <= self.prefix_cache_tokens)
+        rows = []
+        for tokens, longer in zip(shared, shared[1:] + [[]]):
+            if _extends(longer, tokens):
+                continue
+            prefix = self._take_prefix(tokens)
+            if len(tokens) - (len(prefix.token_ids) if prefix else 0) >= MIN_SHARED_TOKENS:
+                rows.append((tokens, prefix))
+        if not rows:
+            return
+        prefixes = [prefix for _, prefix in rows]
+        batch = self._forward(_prefix_batch([None] * len(rows), prefixes, self.device),
+                              [tokens[len(prefix.token_ids) if prefix else 0:] for tokens, prefix in rows])
+        for row, (tokens, _) in enumerate(rows):
+            self._keep(tokens, batch, row)
+
+    def _keep(self, token_ids: list[int], batch: _Batch, row: int) -> None:
+        """Keep `token_ids`, whose KV is row `row` of `batch` (every column its attention marks), unless a
+        kept sequence extends them; drop the kept sequences they extend, then the oldest beyond
+        `prefix_cache_tokens`. So no kept sequence is a prefix of another (a prompt shares at least as
+        many tokens with the longer one)."""
+        if len(token_ids) > self.prefix_cache_tokens or any(_extends(p.token_ids, token_ids) for p in self._prefixes):
             return
         columns = batch.attention[row].nonzero().squeeze(-1)
         assert len(columns) == len(token_ids)
         layers = [(layer.keys[row:row + 1, :, columns], layer.values[row:row + 1, :, columns])
                   for layer in batch.cache.layers]
+        self._prefixes = [p for p in self._prefixes if not _extends(token_ids, p.token_ids)]
         self._prefixes.append(_Prefix(token_ids, layers))
         total = sum(len(p.token_ids) for p in self._prefixes)
         while total > self.prefix_cache_tokens:
@@ -280,39 +343,50 @@ class HFEngine:
         return "length" if len(request.token_ids) >= request.params.max_tokens else None
 
 
-def _prefix_batch(requests: list[_Request], prefixes: list[_Prefix | None], device: torch.device) -> _Batch:
-    """The requests as rows holding the KV of their kept prefix (none: no columns), left-padded to the
+def _settle(finished: list[tuple[_Request, Generation]]) -> None:
+    """Resolve every ended request's future with its Generation (see `settle`)."""
+    for request, generation in finished:
+        settle(request.future, generation)
+
+
+def _prefix_batch(requests: list[_Request | None], prefixes: list[_Prefix | None], device: torch.device) -> _Batch:
+    """The requests as rows holding the KV of their kept prefix (None: no columns), left-padded to the
     longest; no logits until their prompts run."""
-    width = max((len(p.token_ids) for p in prefixes if p), default=0)
-    attention = torch.tensor([[0] * (width - n) + [1] * n for n in (len(p.token_ids) if p else 0 for p in prefixes)],
-                             device=device, dtype=torch.long).reshape(len(requests), width)
+    lengths = [len(p.token_ids) if p else 0 for p in prefixes]
+    width = max(lengths, default=0)
+    attention = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device,
+                             dtype=torch.long).reshape(len(requests), width)
     cache = DynamicCache()
     if width:
         some = next(p for p in prefixes if p)
         for layer, (keys, values) in enumerate(some.layers):
-            def stacked(kind, empty):
-                return torch.cat([_left_pad(p.layers[layer][kind] if p else empty, width, dim=2) for p in prefixes])
-            cache.update(stacked(0, keys[:, :, :0]), stacked(1, values[:, :, :0]), layer)
+            cache.update(_stack([p.layers[layer][0] if p else keys[:, :, :0] for p in prefixes], dim=2),
+                         _stack([p.layers[layer][1] if p else values[:, :, :0] for p in prefixes], dim=2), layer)
     return _Batch(requests, cache, attention, None)
 
 
-def _join(a: _Batch, b: _Batch) -> _Batch:
-    """One batch with the rows of `a` then `b` (in a's cache, which has layers; b's may have none:
-    no columns); the narrower is left-padded."""
-    for layer, la in enumerate(a.cache.layers):
-        if b.cache.layers:
-            keys, values = b.cache.layers[layer].keys, b.cache.layers[layer].values
-        else:
-            keys = values = la.keys.new_zeros((len(b.requests), la.keys.shape[1], 0, la.keys.shape[3]))
-        la.keys, la.values = _stack(la.keys, keys, dim=2), _stack(la.values, values, dim=2)
-    logits = None if a.logits is None or b.logits is None else torch.cat([a.logits, b.logits])
-    return _Batch(a.requests + b.requests, a.cache, _stack(a.attention, b.attention, dim=1), logits)
+def _join(batches: list[_Batch]) -> _Batch:
+    """One batch with the rows of `batches` in order, left-padded to the widest, in the cache of the
+    first one whose cache has layers (a cache without layers has no columns)."""
+    if len(batches) == 1:
+        return batches[0]
+    cache = next((b.cache for b in batches if b.cache.layers), batches[0].cache)
+    for layer, target in enumerate(cache.layers):
+        def stacked(kind: str) -> torch.Tensor:
+            like = getattr(target, kind)
+            return _stack([getattr(b.cache.layers[layer], kind) if b.cache.layers
+                           else like.new_zeros((len(b.requests), like.shape[1], 0, like.shape[3])) for b in batches],
+                          dim=2)
+        target.keys, target.values = stacked("keys"), stacked("values")
+    logits = [b.logits for b in batches]
+    return _Batch([r for b in batches for r in b.requests], cache, _stack([b.attention for b in batches], dim=1),
+                  None if any(x is None for x in logits) else torch.cat(logits))
 
 
-def _stack(x: torch.Tensor, y: torch.Tensor, dim: int) -> torch.Tensor:
-    """x's rows then y's, right-aligned along `dim` with zeros on the left of the shorter."""
-    width = max(x.shape[dim], y.shape[dim])
-    return torch.cat([_left_pad(x, width, dim), _left_pad(y, width, dim)])
+def _stack(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """The tensors' rows in order, right-aligned along `dim` with zeros on the left of the narrower."""
+    width = max(x.shape[dim] for x in tensors)
+    return torch.cat([_left_pad(x, width, dim) for x in tensors])
 
 
 def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -321,6 +395,35 @@ def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     shape = list(x.shape)
     shape[dim] = width - x.shape[dim]
     return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
+def _passes(widths: list[int], max_padding: int) -> list[list[int]]:
+    """Rows (indices into `widths`, their new tokens' counts) grouped into forward passes in order of
+    width (ties in order of index): a row joins the pass before it unless padding that pass's rows to
+    its width adds more than `max_padding` tokens."""
+    passes: list[list[int]] = []
+    for row in sorted(range(len(widths)), key=widths.__getitem__):
+        if passes and len(passes[-1]) * (widths[row] - widths[passes[-1][-1]]) <= max_padding:
+            passes[-1].append(row)
+        else:
+            passes.append([row])
+    return passes
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    """The length of the longest common prefix of `a` and `b`, by bisection over slices (compared in C)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:  # a[:low] == b[:low] and the common prefix is at most `high` long
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _extends(sequence: list[int], prefix: list[int]) -> bool:
+    return len(sequence) >= len(prefix) and sequence[:len(prefix)] == prefix
 
 
 def _select(batch: _Batch, rows: list[int]) -> _Batch:
@@ -367,9 +470,11 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
     # (a quarter of torch.multinomial's cost on CPU). E = -log U, U in [0, 1): E > 0, never NaN.
     uniform = torch.stack([torch.rand(sampling.shape[1], generator=g, device=sampling.device) for g in generators])
     exponential = uniform.log_().neg_()
-    token = torch.where(greedy, scaled.argmax(dim=-1), (sampling.exp() / exponential).argmax(dim=-1))
-    logprob = torch.where(greedy[:, None], log_probs, sampling).gather(-1, token[:, None]).squeeze(-1)
-    return token, logprob
+    token = (sampling.exp() / exponential).argmax(dim=-1)
+    if bool(greedy.any()):  # an argmax over the vocabulary costs as much as the race: only when a row needs it
+        token = torch.where(greedy, scaled.argmax(dim=-1), token)
+        sampling = torch.where(greedy[:, None], log_probs, sampling)
+    return token, sampling.gather(-1, token[:, None]).squeeze(-1)
 
 
 def _nucleus(log_probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
