@@ -49,7 +49,10 @@ class Stats:
         self.counts[name] += count
 
     def means(self, prefix: str) -> dict[str, float]:
-        return {f"{prefix}{k}": s / self.counts[k] if self.counts[k] else s for k, s in self.sums.items()}
+        """Each statistic under prefix + its name; a name with a "/" is already a whole metric name (e.g.
+        `rollout/logprob_abs_diff`, measured in the actor update) and goes out as it is."""
+        return {(k if "/" in k else f"{prefix}{k}"): s / self.counts[k] if self.counts[k] else s
+                for k, s in self.sums.items()}
 
     def merge(self, other: Stats) -> None:
         for name, total in other.sums.items():
@@ -135,6 +138,11 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
     return budget
 
 
+def token_total(x: Tensor, mask: Tensor) -> tuple[float, float]:
+    """(sum of `x` over the sampled tokens, their count): a statistic that Stats reports per token."""
+    return float((x * mask).sum()), float(mask.sum())
+
+
 def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) -> LossFn:
     """Clipped value loss, token-mean over the mini-batch, first token of each turn weighted."""
     def loss_fn(mb, num_tokens, num_seqs):
@@ -143,11 +151,10 @@ def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) 
         per_token, clipped = value_loss(values, mb["values_old"], mb["returns"], value_clip)
         weights = first_token_weights(mask, first_token_weight)
         loss = aggregate(per_token * weights, mask, "token-mean", num_tokens=num_tokens)
-        n = float(mask.sum())
         with torch.no_grad():
-            parts = {"value_loss": (float((per_token * weights * mask).sum()), n),
-                     "value_clipfrac": (float((clipped * mask).sum()), n),
-                     "value_mse": (float(((values - mb["returns"]) ** 2 * mask).sum()), n)}
+            parts = {"value_loss": token_total(per_token * weights, mask),
+                     "value_clipfrac": token_total(clipped, mask),
+                     "value_mse": token_total((values - mb["returns"]) ** 2, mask)}
         return loss, parts
     return loss_fn
 
@@ -157,32 +164,62 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
                   ) -> LossFn:
     """PPO clipped surrogate (each token's term weighted by `tis_weights` when `tis_cap` is set)
     - entropy_coef * entropy + kl_loss_coef * k3 KL(pi || pi_ref) (GRPO's beta term, differentiated
-    through pi), each aggregated by `loss_agg`."""
+    through pi), each aggregated by `loss_agg`.
+
+    logp_old: the micro-batch's scored log-probs, or, when it has none, this forward's own, detached. That
+    is exact only in an update of one optimizer step (`single_optimizer_step`): before its step the policy
+    is the old one, so rho = 1 and the TIS weights are min(exp(logp - logp_engine), cap).
+
+    Besides the loss terms, statistics of logp_old, so that they exist whether it was scored or not:
+    `train/kl_ref` (k3 KL(pi_old || pi_ref), when there is a logp_ref) and the sampler's consistency,
+    `rollout/logprob_abs_diff` = |logp_old - logp_engine| (and, with `tis_cap`, the mean TIS weight and
+    the fraction of tokens the cap cut), when there is a logp_engine."""
     def loss_fn(mb, num_tokens, num_seqs):
         mask = mb["loss_mask"]
         logp, entropy = token_logprobs(actor, mb["input_ids"], mb["attention_mask"], mask, temperature)
-        pg, clipped = ppo_policy_loss(logp, mb["logp_old"], mb["advantages"], clip_low, clip_high, dual_clip)
+        logp_old = mb["logp_old"] if "logp_old" in mb else logp.detach()
+        pg, clipped = ppo_policy_loss(logp, logp_old, mb["advantages"], clip_low, clip_high, dual_clip)
         if tis_cap is not None:
             if "logp_engine" not in mb:
                 raise ValueError("actor.tis_cap weights tokens by the engine's log-probs, and this engine returns none")
-            pg = pg * tis_weights(mb["logp_old"], mb["logp_engine"], tis_cap)
+            weights = tis_weights(logp_old, mb["logp_engine"], tis_cap)
+            pg = pg * weights
         loss = aggregate(pg, mask, loss_agg, num_tokens, num_seqs)
         loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg, num_tokens, num_seqs)
-        n = float(mask.sum())
-        parts = {}
         if kl_loss_coef:
             kl = kl_estimate(logp, mb["logp_ref"], "k3")
             loss = loss + kl_loss_coef * aggregate(kl, mask, loss_agg, num_tokens, num_seqs)
-            parts["kl_loss"] = (float((kl.detach() * mask).sum()), n)
         with torch.no_grad():
-            parts.update({
-                "pg_loss": (float((pg * mask).sum()), n),
-                "clipfrac": (float((clipped * mask).sum()), n),
-                "approx_kl": (float((approx_kl(logp, mb["logp_old"]) * mask).sum()), n),
-                "entropy": (float((entropy * mask).sum()), n),
-            })
+            parts = {"pg_loss": token_total(pg, mask), "clipfrac": token_total(clipped, mask),
+                     "approx_kl": token_total(approx_kl(logp, logp_old), mask), "entropy": token_total(entropy, mask)}
+            if kl_loss_coef:
+                parts["kl_loss"] = token_total(kl, mask)
+            if "logp_ref" in mb:
+                parts["train/kl_ref"] = token_total(kl_estimate(logp_old, mb["logp_ref"], "k3"), mask)
+            if "logp_engine" in mb:
+                gap = logp_old - mb["logp_engine"]
+                parts["rollout/logprob_abs_diff"] = token_total(gap.abs(), mask)
+                if tis_cap is not None:
+                    parts["rollout/tis_weight_mean"] = token_total(weights, mask)
+                    parts["rollout/tis_clipped_frac"] = token_total((gap > math.log(tis_cap)).float(), mask)
         return loss, parts
     return loss_fn
+
+
+def rows_per_step(mini_batch_size: int, ranks: Ranks = LOCAL) -> int:
+    """This rank's share of a mini-batch: mini_batch_size / world_size rows (at least one)."""
+    return max(1, mini_batch_size // ranks.world_size)
+
+
+def optimizer_steps_per_epoch(n_rows: int, mini_batch_size: int, ranks: Ranks = LOCAL) -> int:
+    """The mini-batches of this rank's `n_rows` rows: as many as the rank with the most has."""
+    return ranks.max(math.ceil(n_rows / rows_per_step(mini_batch_size, ranks)))
+
+
+def single_optimizer_step(n_rows: int, mini_batch_size: int, epochs: int, ranks: Ranks = LOCAL) -> bool:
+    """Whether `minibatch_updates` of a batch of `n_rows` rows (on this rank) takes one optimizer step per
+    network: one epoch of one mini-batch, on every rank."""
+    return epochs == 1 and optimizer_steps_per_epoch(n_rows, mini_batch_size, ranks) == 1
 
 
 def minibatch_updates(data: dict[str, Tensor], mini_batch_size: int, budget: MicroBatchBudget, epochs: int,
@@ -193,13 +230,13 @@ def minibatch_updates(data: dict[str, Tensor], mini_batch_size: int, budget: Mic
     on each mini-batch, as many as the rank with the most (an empty one pads). A budget halved after
     running out of memory holds for that entry's later steps in this call."""
     n_rows = data["input_ids"].shape[0]
-    rows_per_step = max(1, mini_batch_size // ranks.world_size)
-    n_steps = ranks.max(math.ceil(n_rows / rows_per_step))
+    size = rows_per_step(mini_batch_size, ranks)
+    n_steps = optimizer_steps_per_epoch(n_rows, mini_batch_size, ranks)
     budgets = [budget] * len(steps)
     for _ in range(epochs):
         order = torch.randperm(n_rows, generator=generator).tolist()
         for step in range(n_steps):
-            rows = order[step * rows_per_step:(step + 1) * rows_per_step]
+            rows = order[step * size:(step + 1) * size]
             num_tokens, num_seqs = ranks.sum([float(data["loss_mask"][rows].sum()), float(len(rows))])
             for i, (optimizer, loss_fn, grad_clip, stats) in enumerate(steps):
                 budgets[i] = optimizer_step(optimizer, data, rows, budgets[i], loss_fn, num_tokens,

@@ -1,16 +1,15 @@
 """One iteration's training data: rows, network scores, token rewards, advantages.
 
 Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where loss_mask is 0):
-    input_ids, attention_mask, loss_mask      from the samples
+    input_ids, attention_mask, loss_mask      from the samples (prepare)
     logp_engine                               the engine's log-probs (when every turn has them)
-    logp_old, entropy, logp_ref, values_old   from score()
+    logp_old, entropy, logp_ref, values_old   from the networks score_batch is given (the others are absent)
     advantages, returns                       from estimate_advantages()
-`bootstrap_values` [B] holds V(s_{T+1}) of each bootstrap prompt.
+`bootstrap_values` [B] holds V(s_{T+1}) of each bootstrap prompt (empty without a critic).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +19,8 @@ from torch import Tensor
 from horizonrl.algos.advantages import dual_discount_gae, whiten
 from horizonrl.algos.gigpo import anchor_group_sizes, gigpo_advantages
 from horizonrl.algos.group import broadcast_to_tokens, group_advantages
-from horizonrl.algos.kl import kl_estimate, kl_in_reward
-from horizonrl.algos.losses import explained_variance, tis_weights
+from horizonrl.algos.kl import kl_in_reward
+from horizonrl.algos.losses import explained_variance
 from horizonrl.config import GiGPOConfig, MergeConfig, MicroBatchBudget, PPOConfig
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.scoring import prompt_values, score
@@ -49,12 +48,10 @@ def build_samples(episodes: list[Episode], merge: MergeConfig | None, tokenizer=
     return merge_turns(episodes, merge.max_prompt_len, merge.max_response_len, tokenizer)
 
 
-def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, budget: MicroBatchBudget,
-            temperature: float, device, merge: MergeConfig | None = None, tokenizer=None,
-            mismatch_log: Path | None = None, ranks: Ranks = LOCAL) -> PPOBatch:
-    """Rows of `episodes` (see build_samples), scored by the actor, the reference and the critic
-    (None: no values). With `mismatch_log`, every prefix mismatch is appended to it as a JSON line.
-    Across ranks, each scores its own episodes (in as many forward passes as the others)."""
+def prepare(episodes: list[Episode], pad_id: int, device, merge: MergeConfig | None = None, tokenizer=None,
+            mismatch_log: Path | None = None) -> PPOBatch:
+    """Rows of `episodes` (see build_samples), not scored yet. With `mismatch_log`, every prefix mismatch is
+    appended to it as a JSON line."""
     samples, merge_report = build_samples(episodes, merge, tokenizer)
     if merge_report is not None and mismatch_log is not None:
         write_mismatches(merge_report, mismatch_log)
@@ -64,10 +61,19 @@ def prepare(episodes: list[Episode], actor, reference, critic, pad_id: int, budg
     if turns and all(t.response_logprobs is not None for t in turns):
         data["logp_engine"] = index.to_rows(turn_layout([t.response_logprobs for t in turns], index.mask),
                                             data["input_ids"].shape)
-    data.update(score(data, budget, temperature, actor=actor, reference=reference, critic=critic, ranks=ranks))
-    bootstrap = (prompt_values(critic, samples.bootstrap_prompts, pad_id, budget, device, ranks)
-                 if critic is not None else torch.zeros(0, device=device))
-    return PPOBatch(episodes, samples, index, data, bootstrap, merge_report)
+    return PPOBatch(episodes, samples, index, data, torch.zeros(0, device=device), merge_report)
+
+
+def score_batch(batch: PPOBatch, pad_id: int, budget: MicroBatchBudget, temperature: float = 1.0, actor=None,
+                reference=None, critic=None, ranks: Ranks = LOCAL) -> None:
+    """Score the rows with the networks given (learner.scoring.score; a network given again replaces its
+    scores) and, with a critic, the bootstrap prompts. Across ranks, each scores its own rows (in as many
+    forward passes as the others)."""
+    batch.data.update(score(batch.data, budget, temperature, actor=actor, reference=reference, critic=critic,
+                            ranks=ranks))
+    if critic is not None:
+        batch.bootstrap_values = prompt_values(critic, batch.samples.bootstrap_prompts, pad_id, budget,
+                                               batch.data["input_ids"].device, ranks)
 
 
 def turn_layout(values: list[list[float]], mask: Tensor) -> Tensor:
@@ -80,21 +86,15 @@ def turn_layout(values: list[list[float]], mask: Tensor) -> Tensor:
     return out
 
 
-def refresh_values(batch: PPOBatch, critic, pad_id: int, budget: MicroBatchBudget, ranks: Ranks = LOCAL) -> None:
-    """Re-score values_old and the bootstrap values with the current critic (critic warmup)."""
-    batch.data.update(score(batch.data, budget, critic=critic, ranks=ranks))
-    batch.bootstrap_values = prompt_values(critic, batch.samples.bootstrap_prompts, pad_id, budget,
-                                           batch.data["input_ids"].device, ranks)
-
-
 def estimate_advantages(batch: PPOBatch, ppo: PPOConfig, ranks: Ranks = LOCAL) -> None:
-    """Token rewards (env reward on each turn's last token, -kl_coef * KL on every token) and
-    dual-discount GAE in the turn layout; advantages and returns stored back in the row layout.
-    Each rank's streams are whole, so GAE is local; whitening uses every rank's tokens."""
+    """Token rewards (env reward on each turn's last token, -kl_coef * KL on every token: with kl_coef 0,
+    the batch needs no logp_old nor logp_ref) and dual-discount GAE in the turn layout; advantages and
+    returns stored back in the row layout. Each rank's streams are whole, so GAE is local; whitening uses
+    every rank's tokens."""
     segments, index, data = batch.samples.segments, batch.index, batch.data
     device = index.mask.device
-    token_rewards = kl_in_reward(index.to_turns(data["logp_old"]), index.to_turns(data["logp_ref"]),
-                                 index.mask, ppo.kl_coef, ppo.kl_estimator)
+    token_rewards = (kl_in_reward(index.to_turns(data["logp_old"]), index.to_turns(data["logp_ref"]), index.mask,
+                                  ppo.kl_coef, ppo.kl_estimator) if ppo.kl_coef else torch.zeros_like(index.mask))
     last = index.mask.sum(dim=1).long() - 1
     token_rewards[torch.arange(len(segments), device=device), last] += torch.tensor(
         [s.reward for s in segments], device=device)
@@ -171,34 +171,25 @@ def sampled_tokens(batches: list[PPOBatch], key: str, ranks: Ranks = LOCAL) -> T
     return torch.cat(ranks.gather(mine)).to(batches[0].data[key].device)
 
 
-def batch_metrics(batch: PPOBatch, tis_cap: float | None = None, ranks: Ranks = LOCAL) -> dict[str, float]:
-    """Data, KL, critic-fit and sampler-consistency statistics of a prepared batch, over every rank's
-    rows (with `tis_cap`, the mean truncated importance weight and the fraction of tokens whose weight
-    the cap cut)."""
+def batch_metrics(batch: PPOBatch, ranks: Ranks = LOCAL) -> dict[str, float]:
+    """Data and critic-fit statistics of a prepared batch, over every rank's rows. (The statistics of the
+    learner's old log-probs, KL to the reference and the sampler's consistency, come from the actor update:
+    learner/update.py actor_loss_fn.)"""
     data = batch.data
-    tokens = {key: sampled_tokens([batch], key, ranks)
-              for key in ("logp_old", "logp_ref", "returns", "values_old", "logp_engine") if key in data}
-    n = float(tokens["logp_old"].numel())
+    tokens = {key: sampled_tokens([batch], key, ranks) for key in ("returns", "values_old") if key in data}
+    n = float(tokens["returns"].numel())
     attended, rows, bootstrap_prompts = ranks.sum([float(data["attention_mask"].sum()), float(len(data["loss_mask"])),
                                                    float(len(batch.samples.bootstrap_prompts))])
-    every = torch.ones_like(tokens["logp_old"])
     metrics = {
         "data/mask_ones_ratio": n / attended,
         "data/rows": int(rows),
         "data/bootstrap_prompts": int(bootstrap_prompts),
-        "train/kl_ref": float(kl_estimate(tokens["logp_old"], tokens["logp_ref"], "k3").sum()) / n,
         "train/returns_mean": float(tokens["returns"].sum()) / n,
     }
     if batch.merge_report is not None:
         report = batch.merge_report.as_metrics()
         metrics.update(zip(report, map(int, ranks.sum(list(report.values())))))
     if "values_old" in tokens:
-        metrics["train/critic/explained_variance"] = explained_variance(tokens["values_old"], tokens["returns"], every)
-    if "logp_engine" in tokens:
-        gap = tokens["logp_old"] - tokens["logp_engine"]
-        metrics["rollout/logprob_abs_diff"] = float(gap.abs().sum()) / n
-        if tis_cap is not None:
-            weights = tis_weights(tokens["logp_old"], tokens["logp_engine"], tis_cap)
-            metrics["rollout/tis_weight_mean"] = float(weights.sum()) / n
-            metrics["rollout/tis_clipped_frac"] = float((gap > math.log(tis_cap)).sum()) / n
+        metrics["train/critic/explained_variance"] = explained_variance(tokens["values_old"], tokens["returns"],
+                                                                        torch.ones_like(tokens["returns"]))
     return metrics

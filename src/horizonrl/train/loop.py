@@ -9,6 +9,9 @@
                       gigpo: + each turn's discounted return normalised among the turns of its group
                       that start in the same env state (step-level credit, algos/gigpo.py)
 
+A network scores the rows only when a term reads its scores (`needed_scores`): the reference only for a
+KL term, the actor only for the KL in the reward or an update of more than one optimizer step.
+
 Iteration 0 of a ppo run is the critic warmup (`critic_warmup_iteration`). Every iteration's record
 goes to each metrics sink (metrics.jsonl always) and two sample episodes to trajectories.jsonl; the
 run ends by writing report.html. Every `save_every` iterations, after the last one and when a
@@ -28,16 +31,16 @@ from tqdm import tqdm
 from horizonrl.config import ConfigError, TrainConfig
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import precision
-from horizonrl.learner.distributed import start_ranks, stop_ranks
+from horizonrl.learner.distributed import LOCAL, Ranks, start_ranks, stop_ranks
 from horizonrl.learner.lora import merged_parameters
-from horizonrl.learner.update import Stats, minibatch_updates
+from horizonrl.learner.update import Stats, minibatch_updates, single_optimizer_step
 from horizonrl.records import Episode
 from horizonrl.report.html import write_report
 from horizonrl.report.metrics import episode_metrics
 from horizonrl.report.sinks import check_sinks
 from horizonrl.report.trajectories import trajectory_records, write_trajectories
 from horizonrl.train.batch import (PPOBatch, batch_metrics, estimate_advantages, gigpo_advantages_to_tokens,
-                                   group_advantages_to_tokens, prepare)
+                                   group_advantages_to_tokens, prepare, score_batch)
 from horizonrl.train.checkpoint import StopSignals, TrainingStopped, prepare_resume, save_checkpoint
 from horizonrl.train.context import RunContext, start_run
 from horizonrl.train.warmup import critic_warmup
@@ -123,7 +126,7 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
     episodes = ctx.collector.collect()                         # n_env streams x e_len turns
     ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
-    batch = score(ctx, episodes, ctx.critic)                    # logp_old, logp_ref, values_old per token
+    batch = score(ctx, episodes, ctx.critic)                    # values_old (+ logp_old, logp_ref) per token
     estimate_advantages(batch, cfg.ppo, ctx.ranks)              # token rewards -> GAE -> advantages, returns
     clock.lap("score")
     actor_stats, critic_stats = Stats(), Stats()
@@ -147,7 +150,7 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
     kept = [e for e in episodes if "error" not in e.metrics]
-    batch = score(ctx, kept, critic=None)                       # logp_old, logp_ref per token
+    batch = score(ctx, kept, critic=None)                       # logp_old, logp_ref per token where read
     if cfg.algorithm == "gigpo":                                # + step advantage from turns in the same state
         step_stats = gigpo_advantages_to_tokens(batch, cfg.gigpo, ctx.ranks)
     else:                                                       # outcome reward -> group advantage per token
@@ -171,7 +174,7 @@ def critic_warmup_iteration(ctx: RunContext) -> dict:
     clock = Stopwatch()
     batches, errors = [], 0
     for _ in range(ctx.cfg.critic.warmup_batches):
-        batches.append(score(ctx, ctx.collector.collect(), ctx.critic))
+        batches.append(score(ctx, ctx.collector.collect(), critic=None, updates_actor=False))  # values: critic_warmup
         errors += len(ctx.collector.errors)
     stats = critic_warmup(ctx, batches)
     clock.lap("warmup")
@@ -180,13 +183,31 @@ def critic_warmup_iteration(ctx: RunContext) -> dict:
     return write_records(ctx, record, batches[-1])
 
 
-def score(ctx: RunContext, episodes: list[Episode], critic) -> PPOBatch:
-    """The episodes' rows (per-turn or merged, as the config says) scored by the actor, the reference
-    and `critic` (None: no values)."""
+def score(ctx: RunContext, episodes: list[Episode], critic, updates_actor: bool = True) -> PPOBatch:
+    """The episodes' rows (per-turn or merged, as the config says) scored by `critic` (None: no values) and
+    by the actor and the reference where `needed_scores` says (`updates_actor`: the batch trains the actor)."""
     cfg = ctx.cfg
-    return prepare(episodes, ctx.actor, ctx.reference, critic, ctx.pad_id, cfg.optim.micro_batch_budget,
-                   cfg.rollout.temperature, ctx.device, tokenizer=ctx.tokenizer, ranks=ctx.ranks,
-                   **cfg.sample_options(ctx.run_dir))
+    batch = prepare(episodes, ctx.pad_id, ctx.device, tokenizer=ctx.tokenizer, **cfg.sample_options(ctx.run_dir))
+    n_rows = len(batch.data["input_ids"]) if updates_actor else None
+    old, ref = needed_scores(cfg, n_rows, ctx.ranks)
+    score_batch(batch, ctx.pad_id, cfg.optim.micro_batch_budget, cfg.rollout.temperature,
+                actor=ctx.actor if old else None, reference=ctx.reference if ref else None, critic=critic,
+                ranks=ctx.ranks)
+    return batch
+
+
+def needed_scores(cfg: TrainConfig, n_rows: int | None, ranks: Ranks = LOCAL) -> tuple[bool, bool]:
+    """(logp_old, logp_ref): whether a term of the iteration reads the actor's, and the reference's, log-probs
+    of a batch of `n_rows` rows (on this rank; None: a batch that trains no actor, the critic warmup's).
+
+    The KL in the reward (ppo with ppo.kl_coef > 0) reads both. The actor loss reads logp_ref with
+    actor.kl_loss_coef > 0, and logp_old unless the update is one optimizer step: then the update's own
+    forward, detached, is the old policy (learner/update.py actor_loss_fn), as in TRL's GRPOTrainer."""
+    kl_in_reward = cfg.algorithm == "ppo" and cfg.ppo.kl_coef > 0
+    if n_rows is None:
+        return kl_in_reward, kl_in_reward
+    one_step = single_optimizer_step(n_rows, cfg.optim.mini_batch_size, cfg.optim.epochs, ranks)
+    return kl_in_reward or not one_step, kl_in_reward or cfg.actor.kl_loss_coef > 0
 
 
 def sync_engine(ctx: RunContext) -> None:
@@ -202,13 +223,14 @@ def everyones(ctx: RunContext, episodes: list[Episode]) -> list[Episode]:
 
 def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], batch: PPOBatch,
                   timings: dict[str, float], update_stats: dict[str, float]) -> dict:
-    """The iteration's record: env statistics of every collected episode, the update's statistics,
-    the batch's (data, KL, critic fit, sampler consistency), throughput and timings."""
+    """The iteration's record: env statistics of every collected episode, the update's statistics (with
+    the KL to the reference and the sampler's consistency), the batch's (data, critic fit), throughput and
+    timings."""
     generated, trained, errors = ctx.ranks.sum([sum(len(t.response_ids) for e in batch.episodes for t in e.turns),
                                                 float(batch.data["attention_mask"].sum()), len(ctx.collector.errors)])
     record = {"iteration": i, "phase": phase, "env/errors": int(errors),
               **episode_metrics(everyones(ctx, episodes)), **update_stats,
-              **batch_metrics(batch, ctx.cfg.actor.tis_cap, ctx.ranks),
+              **batch_metrics(batch, ctx.ranks),
               "perf/rollout_tokens_per_s": generated / timings["timing/rollout_s"],
               "perf/train_tokens_per_s": trained / (timings["timing/score_s"] + timings["timing/update_s"]),
               **timings}

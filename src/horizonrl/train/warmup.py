@@ -12,7 +12,7 @@ import torch
 
 from horizonrl.algos.losses import explained_variance
 from horizonrl.learner.update import Stats, minibatch_updates
-from horizonrl.train.batch import PPOBatch, estimate_advantages, refresh_values, sampled_tokens
+from horizonrl.train.batch import PPOBatch, estimate_advantages, sampled_tokens, score_batch
 
 if TYPE_CHECKING:
     from horizonrl.train.context import RunContext
@@ -23,12 +23,12 @@ def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
     cfg, optim, stats = ctx.cfg, ctx.cfg.optim, Stats()
     for _ in range(cfg.critic.warmup_iters):
         for batch in batches:
-            refresh_values(batch, ctx.critic, ctx.pad_id, optim.micro_batch_budget, ctx.ranks)
+            score_batch(batch, ctx.pad_id, optim.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
             estimate_advantages(batch, cfg.ppo, ctx.ranks)
             minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, 1, ctx.shuffle,
                               [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, stats)], ctx.ranks)
     for batch in batches:
-        refresh_values(batch, ctx.critic, ctx.pad_id, optim.micro_batch_budget, ctx.ranks)
+        score_batch(batch, ctx.pad_id, optim.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
         estimate_advantages(batch, cfg.ppo, ctx.ranks)
     metrics = stats.means("train/critic/")
     values, returns = (sampled_tokens(batches, key, ctx.ranks) for key in ("values_old", "returns"))
