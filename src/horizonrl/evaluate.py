@@ -12,11 +12,11 @@ What is evaluated, and with which settings:
   checkpoint are evaluated on equal terms;
 - any other checkpoint folder (model + tokenizer in Hugging Face format, as train/checkpoint.py saves
   them): the config defaults, and `--env` is required.
+- a model name (`builtin:NAME`, a .gguf file: its converted folder, learner/gguf.py): the config defaults,
+  and `--env` is required.
 Modes: greedy (temperature 0) and sampled (the run's temperature, the sampler seeded with `--seed`).
 Episodes: the first N held-out seeds (rollout/seeds.py), the same for every checkpoint; an episode
 ends when the env ends it, or after `--max-steps` turns (then it counts as truncated).
-- a model name (`builtin:NAME`, a .gguf file: its converted folder, learner/gguf.py): the config defaults,
-  and `--env` is required.
 The results go to eval-<checkpoint folder name>.json beside the checkpoint folder (RUN/eval-checkpoint.json,
 RUN/eval-init.json); for a model name, in runs/.
 """

@@ -14,6 +14,7 @@ with bf16 autocast where it pays.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from pathlib import Path
 
@@ -49,11 +50,15 @@ def resolve_device(name: str) -> torch.device:
 
 
 def cpu_has_amx_bf16() -> bool:
-    """Whether this CPU multiplies bf16 matrices in AMX tiles (Linux: the amx_bf16 flag of /proc/cpuinfo);
-    HORIZONRL_CPU_BF16=0|1 overrides."""
+    """Whether this CPU multiplies bf16 matrices in AMX tiles; HORIZONRL_CPU_BF16=0|1 overrides."""
     forced = os.environ.get("HORIZONRL_CPU_BF16")
-    if forced is not None:
-        return forced == "1"
+    return forced == "1" if forced is not None else cpuinfo_has_amx_bf16()
+
+
+@functools.cache
+def cpuinfo_has_amx_bf16() -> bool:
+    """The amx_bf16 flag of /proc/cpuinfo (Linux), read once per process: autocast_dtype runs on every
+    forward pass."""
     cpuinfo = Path("/proc/cpuinfo")
     return cpuinfo.is_file() and "amx_bf16" in cpuinfo.read_text().split()
 
