@@ -20,13 +20,28 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from horizonrl.config import ConfigError, load_config
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse type: the argument as `kind`, refused (exit 2, naming the argument) unless finite and > 0."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        return value
+    return parse
 
 
 @record   # under torchrun: a rank's uncaught exception reaches torchrun's failure summary, naming the rank
@@ -69,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     plan_cmd.add_argument("config", metavar="CONFIG", help="a recipe YAML")
     plan_cmd.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides (right after CONFIG)")
     plan_cmd.add_argument("--gpus", type=int, required=True, help="GPUs, one torchrun rank each")
-    plan_cmd.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory of each GPU in GiB")
-    plan_cmd.add_argument("--seq-len", type=int, help="tokens per row (default: estimated, see horizonrl.plan)")
+    plan_cmd.add_argument("--gpu-memory-gb", type=positive(float), default=80.0, help="memory of each GPU in GiB")
+    plan_cmd.add_argument("--seq-len", type=positive(int),
+                          help="tokens per row (default: estimated, see horizonrl.plan)")
     plan_cmd.add_argument("--json", action="store_true", help="print one JSON object (bytes)")
     export_cmd = commands.add_parser("export", help="write a run's last checkpoint as a Hugging Face model folder "
                                                     "(actor with adapters merged, tokenizer, adapter/, critic/)")

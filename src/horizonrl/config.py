@@ -122,10 +122,20 @@ class LoRAConfig(Section):
 
     r: int = Field(16, gt=0, description="adapter rank")
     alpha: float = Field(32.0, gt=0, description="scale: the update is alpha / r * B @ A")
-    dropout: float = Field(0.0, ge=0, lt=1)
+    dropout: float = Field(0.0, ge=0, lt=1, description="must be 0: actor and critic run in eval mode")
     target_modules: list[str] | Literal["all-linear"] = Field(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         description="names of the linear layers that get adapters (PEFT's target_modules)")
+
+    @model_validator(mode="after")
+    def _no_dropout(self) -> LoRAConfig:
+        """The trainer keeps its networks in eval mode, so that the sampler and the learner compute the same
+        function (train/context.py): adapter dropout would never act."""
+        if self.dropout:
+            raise InvalidKey("dropout", f"{self.dropout}: the trainer runs actor and critic in eval mode (the "
+                                        "sampler and the learner compute the same function), so adapter dropout "
+                                        "never acts; leave it 0")
+        return self
 
 
 class ModelConfig(Section):
@@ -206,6 +216,10 @@ class VLLMOptions(Section):
     max_num_seqs: int | None = Field(None, gt=0, description="None: rollout.max_batch_size")
     max_model_len: int | None = Field(None, gt=0, description="None: the model's max_position_embeddings")
     enable_sleep_mode: bool = Field(False, description="GPU: free vLLM's memory during the update (a no-op on CPU)")
+    weights_dir: str | None = Field(
+        None, description="where the engine's copy of the weights is written, rewritten after every update and "
+                          "reloaded (a subfolder rank<R> per rank; up to the model's size in `dtype` each); None: "
+                          "the run folder's engine_weights/ (eval: a temporary folder)")
 
 
 class OpenAIOptions(Section):
@@ -223,8 +237,8 @@ class OpenAIOptions(Section):
 class RolloutConfig(Section):
     n_env: int = Field(16, gt=0, description="env streams (ppo) or env handles shared by the group rollouts")
     max_tokens: int = Field(32, gt=0)
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, description="> 0: the learner scores the tokens at this temperature")
+    top_p: float = Field(1.0, gt=0, le=1, description="1: the learner scores the full softmax, not a nucleus")
     engine: Literal["hf", "vllm", "openai"] = Field(
         "hf", description="hf: transformers in this process; vllm: vllm.LLM in this process; openai: a server")
     max_batch_size: int = Field(256, gt=0)
@@ -232,6 +246,26 @@ class RolloutConfig(Section):
                                                               "extend them")
     vllm: VLLMOptions = VLLMOptions()
     openai: OpenAIOptions = OpenAIOptions()
+
+    @model_validator(mode="after")
+    def _learner_scores_the_sampling_distribution(self) -> RolloutConfig:
+        """The learner scores every sampled token under softmax(logits / temperature) over the whole
+        vocabulary, and the engines report the log-prob under the distribution they sample from. The two
+        agree only for temperature > 0 and top_p = 1: at temperature 0 the learner's log-probs are NaN (every
+        update skipped); under top_p < 1 the engine's log-prob is renormalised over the nucleus, so every
+        token's TIS weight exp(logp_old - logp_engine) is its nucleus mass and `rollout/logprob_abs_diff`
+        reads truncation as mismatch. (`horizonrl eval` samples greedily with its own temperature 0.)"""
+        if self.temperature == 0:
+            raise InvalidKey("temperature", "0 is greedy decoding, which training cannot score (the learner's "
+                                            "log softmax(logits / 0) is NaN, so every update would be skipped); "
+                                            "set a temperature > 0 (horizonrl eval has its own greedy mode)")
+        if self.top_p < 1:
+            raise InvalidKey("top_p", f"{self.top_p} < 1: the engines report log-probs renormalised over the "
+                                      "nucleus while the learner scores the full softmax, so the TIS weights and "
+                                      "rollout/logprob_abs_diff would read the nucleus mass as engine/learner "
+                                      "mismatch; train with top_p = 1 (lower the temperature to sample less "
+                                      "widely)")
+        return self
 
     @model_validator(mode="after")
     def _vllm_installed(self, info: ValidationInfo) -> RolloutConfig:

@@ -39,6 +39,12 @@ Bytes per GPU (0 for the first seven with dist.cpu_offload: CPU memory):
                         rows = min(ceil(streams / G), rollout.max_batch_size) sequences decoding at once
     vLLM reservation    rollout.engine=vllm: rollout.vllm.gpu_memory_utilization (None: 0.5) x GPU memory
                         (weights and KV); rollout.engine=openai: 0 (a separate server)
+Start-up (learner/sharded_start.py), before the first step: the device holds the parameters of actor,
+critic and reference (as above), the engine's weights, and two fp32 copies of the largest whole
+parameter: a parameter is broadcast from rank 0 one at a time, and the engine's copy is filled one
+gathered parameter at a time (DTensor.full_tensor: its all-gather buffer and the tensor it returns). Rank 0's CPU memory holds the initial policy in fp32 until
+the shards are filled (N x 4; with LoRA and a critic, the critic's copy too). `fits` is for the larger
+of start-up and steady state.
 Not counted: the CUDA context and allocator fragmentation (leave ~2 GiB), the scalar AdamW step, the
 flat all-gather buffer FSDP2 copies a unit's parameters out of (freed at once).
 
@@ -85,6 +91,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import combinations
 from math import prod
@@ -294,6 +301,28 @@ def activation_bytes(arch: Architecture, lora: LoRAConfig | None, tokens: int, s
     return tokens * (kept + tail) + 2 * seq_len * arch.head_dim * stream
 
 
+def saved_for_backward(run: Callable[[], object], model) -> tuple[object, int]:
+    """(run(), bytes of the distinct storages autograd saves for backward while it runs, other than
+    `model`'s parameters (a sharded DTensor's local shard)): what `activation_bytes` counts, each storage
+    once however many saved tensors view it. The measurement behind the activation figures' tests."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    parameters = {(p.to_local() if isinstance(p, DTensor) else p).untyped_storage().data_ptr()
+                  for p in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out = run()
+    return out, sum(saved.values())
+
+
 def autocast_weight_bytes(arch: Architecture, lora: LoRAConfig | None, checkpointing: bool,
                           mixed_precision: bool) -> int:
     """Without mixed precision: 2 x one layer's Linear weights (adapters included) x L, or x 1 with checkpointing."""
@@ -320,6 +349,11 @@ def concurrent_streams(cfg: TrainConfig) -> int:
         return cfg.rollout.n_env
     episodes = cfg.group.n_tasks * cfg.group.group_size
     return episodes if cfg.task is not None else min(cfg.rollout.n_env, episodes)
+
+
+def decode_rows(cfg: TrainConfig, gpus: int) -> int:
+    """Sequences one GPU's engine decodes at once: its share of the streams, at most rollout.max_batch_size."""
+    return min(-(-concurrent_streams(cfg) // gpus), cfg.rollout.max_batch_size)
 
 
 def model_context(cfg: TrainConfig, arch: Architecture) -> int:
@@ -370,7 +404,7 @@ def memory_components(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes
     tokens = micro_batch_tokens(cfg, seq_len)
     rollout = cfg.rollout
     hf_engine = rollout.engine == "hf"
-    rows = min(-(-concurrent_streams(cfg) // gpus), rollout.max_batch_size)
+    rows = decode_rows(cfg, gpus)
     utilization = rollout.vllm.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
     return dict(zip(COMPONENTS, [
         *state(actor), *state(critic), state(reference)[0],
@@ -383,6 +417,19 @@ def memory_components(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes
         (rows * seq_len + rollout.prefix_cache_tokens) * kv_bytes_per_token(arch) if hf_engine else 0,
         int(utilization * gpu_bytes) if rollout.engine == "vllm" else 0,
     ]))
+
+
+def startup_bytes(arch: Architecture, cfg: TrainConfig, components: dict[str, int]) -> tuple[int, int]:
+    """(bytes per GPU at start-up, bytes of rank 0's CPU memory at start-up): the stored parameters, the
+    engine's weights (and vLLM's reservation; the hf engine's KV comes later, with the first prompts) and
+    two fp32 copies of the largest whole parameter (a gather's buffer and its result); the initial fp32 policy (and a
+    LoRA critic's copy) on rank 0's host."""
+    stored = sum(components[key] for key in ("actor_params", "critic_params", "reference_params",
+                                             "engine_weights", "vllm_reservation"))
+    largest = max(prod(p.shape) for p in policy_network(arch, None).root + policy_network(arch, None).layer)
+    policy = parameter_count(policy_network(arch, None)) * FP32
+    copies = 2 if cfg.model.lora is not None and cfg.algorithm == "ppo" else 1
+    return stored + 2 * largest * FP32, copies * policy
 
 
 @dataclass
@@ -408,6 +455,8 @@ class Plan:
     settings: dict
     components: dict[str, int]
     total: int
+    startup: int            # bytes per GPU at start-up
+    startup_host: int       # bytes of rank 0's CPU memory at start-up
     fits: bool
     suggestion: Suggestion | None
 
@@ -421,8 +470,9 @@ def suggest(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, seq
     most expensive change comes earliest in CHANGES, then the fewest changes); None when nothing fits.
     A smaller token budget is the largest (a multiple of 256, at least one row) that fits; more GPUs the
     fewest that fit."""
-    def total(c: TrainConfig, g: int) -> int:
-        return sum(memory_components(arch, c, g, gpu_bytes, seq_len).values())
+    def total(c: TrainConfig, g: int) -> int:       # the larger of steady state and start-up
+        components = memory_components(arch, c, g, gpu_bytes, seq_len)
+        return max(sum(components.values()), startup_bytes(arch, c, components)[0])
 
     tokens = micro_batch_tokens(cfg, seq_len)
     fixed = {  # change -> (section, key, value, the override that sets it)
@@ -481,15 +531,17 @@ def plan_for(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, se
     seq_len, seq_rule = (seq_len, "--seq-len") if seq_len else sequence_length(cfg, arch)
     components = memory_components(arch, cfg, gpus, gpu_bytes, seq_len)
     total = sum(components.values())
-    fits = total <= gpu_bytes
+    startup, startup_host = startup_bytes(arch, cfg, components)
+    fits = max(total, startup) <= gpu_bytes
     settings = {"algorithm": cfg.algorithm, "lora": cfg.model.lora.r if cfg.model.lora else None,
                 "engine": cfg.rollout.engine, **{key: getattr(cfg.dist, key) for key in DIST_FLAGS}}
     return Plan(recipe=recipe, model=model, model_source=model_source,
                 parameters=parameter_count(policy_network(arch, None)), gpus=gpus,
                 shard_world=gpus if cfg.dist.shard else 1, gpu_bytes=gpu_bytes, seq_len=seq_len, seq_rule=seq_rule,
                 tokens=micro_batch_tokens(cfg, seq_len),
-                streams_per_gpu=min(-(-concurrent_streams(cfg) // gpus), cfg.rollout.max_batch_size),
-                settings=settings, components=components, total=total, fits=fits,
+                streams_per_gpu=decode_rows(cfg, gpus),
+                settings=settings, components=components, total=total, startup=startup,
+                startup_host=startup_host, fits=fits,
                 suggestion=None if fits else suggest(arch, cfg, gpus, gpu_bytes, seq_len))
 
 
@@ -573,8 +625,9 @@ def format_plan(plan: Plan) -> str:
         f"{'component':<30}{'GiB/GPU':>10}",
     ]
     lines += [f"{label:<30}{plan.components[key] / GIB:>10.2f}" for key, label in COMPONENTS.items()]
-    lines += ["-" * 40, f"{'total':<30}{plan.total / GIB:>10.2f}", f"{'GPU memory':<30}{plan.gpu_bytes / GIB:>10.2f}",
-              f"{'fits':<30}{'yes' if plan.fits else 'no':>10}"]
+    lines += ["-" * 40, f"{'total':<30}{plan.total / GIB:>10.2f}", f"{'start-up peak':<30}{plan.startup / GIB:>10.2f}",
+              f"{'GPU memory':<30}{plan.gpu_bytes / GIB:>10.2f}", f"{'fits':<30}{'yes' if plan.fits else 'no':>10}",
+              f"start-up: rank 0 also holds {plan.startup_host / GIB:.2f} GiB of CPU memory (the initial policy)"]
     if not plan.fits:
         suggestion = plan.suggestion
         if suggestion is None:

@@ -129,3 +129,20 @@ def test_an_exception_on_one_rank_ends_the_job_naming_the_rank_and_the_error(tmp
                      "dist.timeout_s=60", f"output_dir={tmp_path}"], expect_failure=True)
     assert done.returncode != 0 and time.monotonic() - started < 120
     assert "rank      : 1" in done.stderr and "planted failure on rank 1" in done.stderr, done.stderr[-3000:]
+
+
+def test_a_rank_whose_episodes_were_all_dropped_ends_every_rank_with_one_error(tmp_path, tiny_folder):
+    """Every env step fails on rank 1: each rank raises the same error naming the dropped share (issue 28:
+    rank 1 alone crashed in the update, and rank 0 was left in a collective)."""
+    started = time.monotonic()
+    done = torchrun(2, [str(Path(__file__).parent / "failing.py"), str(TOY), *SMALL, "algorithm=grpo",
+                        "env.id=river-broken-on-rank-1", "group.n_tasks=2", "group.group_size=2",
+                        f"model.path={tiny_folder}", "iterations=1", "dist.timeout_s=60", f"output_dir={tmp_path}",
+                        "--quiet"], expect_failure=True)
+    assert done.returncode != 0 and time.monotonic() - started < 60, done.stderr[-3000:]
+    # 2 tasks x 2 rollouts, one task per rank: rank 0 kept its 2 episodes, rank 1 dropped its 2
+    headline = ("RuntimeError: every episode of the share of rank 1 was dropped (dropped per rank: 0 of 2, 2 of 2), "
+                "so the update has no rows to train on")
+    for rank in (0, 1):
+        assert f"[rank{rank}]: {headline}" in done.stderr, done.stderr[-3000:]
+    assert "2 x river-broken-on-rank-1 step(" in done.stderr

@@ -183,6 +183,39 @@ def test_a_failed_agent_is_counted_and_left_out_of_its_group(qwen_tokenizer, age
     assert all(e.metrics == {"error": error.removeprefix("the ")} and e.outcome_reward is None for e in episodes)
 
 
+class SlowEngine(ScriptedEngine):
+    """The scripted answer after `delay_s`, counting the calls in flight and those that ran to the end."""
+
+    def __init__(self, tokenizer, delay_s: float):
+        super().__init__(tokenizer, lambda prompt: "The answer is 2.")
+        self.delay_s, self.in_flight, self.finished = delay_s, 0, 0
+
+    async def generate(self, prompt_ids, params):
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(self.delay_s)
+            generation = await super().generate(prompt_ids, params)
+            self.finished += 1
+            return generation
+        finally:
+            self.in_flight -= 1
+
+
+def test_a_timed_out_agents_generation_is_over_when_collect_returns(qwen_tokenizer):
+    """The agent gives up (times out) 0.3 s into a 1.5 s generation; the gateway's handler, which aiohttp does
+    not cancel, would go on generating through the update and the weight sync after collect returned."""
+    engine = SlowEngine(qwen_tokenizer, delay_s=1.5)
+    groups = collector(qwen_tokenizer, no_reward, [arithmetic.make_task(0)], group_size=1, timeout_s=0.3,
+                       engine=engine)
+    try:
+        episodes = groups.collect()
+        in_flight, finished = engine.in_flight, engine.finished
+    finally:
+        groups.close()
+    assert groups.errors == ["arithmetic/seed0/rollout0: the agent timed out after 0.3 s"]
+    assert episodes[0].turns == [] and (in_flight, finished) == (0, 1)
+
+
 def test_a_posted_reward_and_call_rewards_are_the_episodes(qwen_tokenizer):
     episodes, errors = run(qwen_tokenizer, posts_its_reward, [arithmetic.make_task(0)], group_size=1,
                            engine=echo_engine(qwen_tokenizer))

@@ -14,8 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from horizonrl.config import LoRAConfig
+from horizonrl.learner.distributed import checkpoint_activations
 from horizonrl.learner.scoring import token_logprobs
-from horizonrl.plan import (Architecture, activation_bytes, autocast_weight_bytes, critic_network,
+from horizonrl.plan import (Architecture, activation_bytes, autocast_weight_bytes, critic_network, saved_for_backward,
                             layer_activation_bytes, parameter_count, policy_network, sharded_state, unit_numel)
 
 SCRIPT = Path(__file__).parent / "fsdp_shard_sizes.py"
@@ -90,26 +91,15 @@ def saved_bytes(layers: int, mixed_precision: bool, checkpointing: bool) -> tupl
     config = Qwen2Config(**{k: v for k, v in QWEN_TINY.items() if k != "model_type"}, num_hidden_layers=layers,
                          attn_implementation="sdpa")
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if mixed_precision else torch.float32)
-    model.train()
-    if checkpointing and hasattr(model, "activation_checkpointing_enable"):   # transformers >= 5.2x
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    elif checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in parameters:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
+    model.eval()                       # as the trainer runs it
+    if checkpointing:
+        checkpoint_activations(model)  # as learner/distributed.shard does
     ids = torch.randint(0, QWEN_TINY["vocab_size"], (ROWS, SEQ))
     mask = torch.ones(ROWS, SEQ, dtype=torch.long)
     mask[1, 200:] = 0
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), torch.autocast("cpu", torch.bfloat16):
-        token_logprobs(model, ids, mask, mask)
-    return sum(saved.values()), int(mask[:, 1:].sum())
+    with torch.autocast("cpu", torch.bfloat16):
+        _, saved = saved_for_backward(lambda: token_logprobs(model, ids, mask, mask), model)
+    return saved, int(mask[:, 1:].sum())
 
 
 @pytest.mark.parametrize("mixed_precision", [True, False])

@@ -1,10 +1,13 @@
 """Checkpoint files: atomic folders and the run logs cut back to a checkpoint's iteration."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from horizonrl.train.checkpoint import atomic_folder, keep_records_through
+from horizonrl.config import SOURCE_CONFIGS, dump, load_config
+from horizonrl.train.checkpoint import (CHECKPOINTS, DCP_FOLDER, atomic_folder, keep_records_through, prepare_resume,
+                                        resume_config)
 
 
 def test_a_failed_write_leaves_the_old_folder_and_no_temporary_one(tmp_path):
@@ -28,3 +31,38 @@ def test_records_after_the_iteration_and_a_torn_line_are_dropped(tmp_path):
     assert path.read_text() == "".join(lines[:3])
     keep_records_through(tmp_path / "absent.jsonl", 1)
     assert not (tmp_path / "absent.jsonl").exists()
+
+
+def a_stopped_run(tmp_path, iteration: int = 1):
+    """A run folder as `--resume` finds it: its config.yaml and one complete checkpoint (empty files)."""
+    run = tmp_path / "run"
+    folder = run / CHECKPOINTS / f"iter_{iteration:06d}"
+    (folder / DCP_FOLDER).mkdir(parents=True)
+    for name in (f"{DCP_FOLDER}/.metadata", "training_state.json", "training_state.safetensors"):
+        (folder / name).touch()
+    (run / "init").mkdir()
+    (run / "config.yaml").write_text(dump(load_config(SOURCE_CONFIGS / "toy.yaml", ["iterations=1"])))
+    return run
+
+
+def test_every_rank_reads_the_resumed_config_while_the_others_do(tmp_path):
+    """Under torchrun every rank runs `train --resume RUN key=value` and reads the run's config with the
+    overrides at once (issue 28: each rank rewrote config.yaml through one config.yaml.tmp, and about half
+    of 4 ranks' attempts failed with FileNotFoundError). Rank 0 alone records them (prepare_resume)."""
+    run = a_stopped_run(tmp_path)
+    before = (run / "config.yaml").read_text()
+    with ThreadPoolExecutor(4) as ranks:
+        configs = list(ranks.map(lambda _: resume_config(run, ["iterations=3"]), range(200)))
+    assert {cfg.iterations for cfg in configs} == {3}
+    assert (run / "config.yaml").read_text() == before and not (run / "config.yaml.tmp").exists()
+
+
+def test_rank_0_records_the_resume_overrides_once_the_checkpoint_is_found(tmp_path):
+    run = a_stopped_run(tmp_path)
+    cfg = resume_config(run, ["iterations=3"])
+    assert prepare_resume(run, cfg).folder.name == "iter_000001"
+    assert load_config(run / "config.yaml", run_folder=True).iterations == 3
+    too_few = resume_config(run, ["iterations=0"])
+    with pytest.raises(ValueError, match="past iterations=0"):
+        prepare_resume(run, too_few)
+    assert load_config(run / "config.yaml", run_folder=True).iterations == 3   # a refused resume changes nothing

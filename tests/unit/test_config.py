@@ -81,6 +81,10 @@ BAD = [  # overrides of the toy recipe -> the line of the error that names the k
      "task.tools: tool 'horizonrl.tools:calculater': module 'horizonrl.tools' has no attribute 'calculater'"),
     (["agent.feedback=continuation"], "agent.feedback: feedback=continuation needs history=full"),
     (["samples=merged"], "samples: merged rows need agent.history=full"),
+    # issue 28: the learner's log softmax(logits / 0) is NaN, and a nucleus log-prob is not the full softmax's
+    (["rollout.temperature=0"], "rollout.temperature: 0 is greedy decoding, which training cannot score"),
+    (["rollout.top_p=0.9"], "rollout.top_p: 0.9 < 1: the engines report log-probs renormalised over the nucleus"),
+    (["model.lora={r: 4, dropout: 0.05}"], "model.lora.dropout: 0.05: the trainer runs actor and critic in eval mode"),
 ]
 
 

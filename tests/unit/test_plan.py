@@ -138,6 +138,19 @@ def test_qwen_3b_with_checkpointing_and_mixed_precision(tmp_path):
     assert result.fits and result.total == sum(expected.values()) == 46_200_598_576   # 43.03 GiB
 
 
+def test_qwen_3b_start_up_holds_shards_the_engine_and_two_copies_of_the_largest_parameter(tmp_path):
+    """learner/sharded_start.py: before the first step a GPU holds the stored shards (actor fp32 N/4 x 4,
+    critic N/4 x 4 + its value head's padded row, bf16 reference N/4 x 2), the hf engine's bf16 copy (N x 2)
+    and two fp32 copies of the embedding [V, H] (a broadcast or gathered whole parameter); rank 0's CPU
+    memory holds the initial fp32 policy (N x 4)."""
+    result = components(tmp_path, QWEN_3B, BABYAI + FAST, gpus=4)
+    shards = N_3B // 4 * 4 + (N_3B // 4 * 4 + (2_048 + 1) * 4) + N_3B // 4 * 2
+    assert result.startup == shards + N_3B * 2 + 2 * 151_936 * 2_048 * 4 == 16_376_051_716   # 15.25 GiB
+    assert result.startup_host == N_3B * 4
+    lora = components(tmp_path, QWEN_3B, BABYAI + FAST + ["model.lora={r: 16}"], gpus=4)
+    assert lora.startup_host == 2 * N_3B * 4     # the critic's copy, with its own adapters
+
+
 def test_qwen_3b_with_lora(tmp_path):
     """LoRA r=16 on the seven layer linears, mixed precision: frozen base in bf16, adapters fp32 with AdamW."""
     result = components(tmp_path, QWEN_3B, BABYAI + ["model.lora={r: 16}", "dist.mixed_precision=true"], gpus=4)

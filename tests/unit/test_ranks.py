@@ -17,16 +17,3 @@ def test_share_cuts_n_items_into_contiguous_near_equal_parts(n, world, expected)
 def test_a_plain_process_reduces_to_itself():
     assert LOCAL.sum([1.5, 2.0]) == [1.5, 2.0] and LOCAL.max(3) == 3
     assert LOCAL.gather("x") == ["x"] and LOCAL.broadcast(7) == 7 and LOCAL.is_main
-
-
-def test_activation_checkpointing_reaches_the_critics_backbone(river_tiny):
-    import copy
-
-    from horizonrl.learner.distributed import checkpoint_activations
-    from horizonrl.learner.models import ValueModel
-
-    policy = copy.deepcopy(river_tiny[1])
-    critic = ValueModel.from_policy(policy)
-    for model, body in ((policy, policy.model), (critic, critic.backbone)):
-        checkpoint_activations(model)
-        assert body.gradient_checkpointing

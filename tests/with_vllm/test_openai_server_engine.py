@@ -89,7 +89,7 @@ def test_toy_recipe_trains_through_the_server(server, tmp_path):
     assert [r["iteration"] for r in records] == [0, 1, 2]
     for record in records[1:]:
         assert record["rollout/logprob_abs_diff"] < 1e-5
-    assert (run_dir / "engine_weights" / "model.safetensors").is_file()
+    assert (run_dir / "engine_weights" / "model.safetensors.index.json").is_file()
 
 
 def test_no_server_at_the_url_fails_at_start_naming_it(tiny):

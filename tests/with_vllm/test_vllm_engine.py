@@ -15,13 +15,17 @@ pytest.importorskip("vllm")
 from integration.test_engine import generate_all, prompts_of
 
 from horizonrl.agents.agent import Agent
+from horizonrl.config import RolloutConfig
+from horizonrl.engines import weights
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
+from horizonrl.engines.retry import generate_with_retry
 from horizonrl.engines.vllm_engine import VLLMEngine
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.models import stop_ids
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
+from horizonrl.rollout.from_config import make_engine
 from horizonrl.samples.tensors import pad
 
 
@@ -127,6 +131,76 @@ def test_stop_pattern_ends_the_response_at_the_first_matching_token(engine, tiny
     assert cut.token_ids == full.token_ids[:k] and cut.logprobs == full.logprobs[:k]
 
 
+def test_a_prompt_vllm_refuses_fails_alone_and_is_not_retried(engine, tiny):
+    """A prompt over max_model_len, arriving between two good ones: it alone fails, at once (no retry),
+    naming its length and the limit; the good ones sample what they sample without it."""
+    tokenizer, model = tiny
+    good = prompts_of(tokenizer, 2)
+    limit = model.config.max_position_embeddings        # the engine's max_model_len (none given)
+    too_long = (good[0] * (limit + 10))[:limit + 10]
+    params = SamplingParams(max_tokens=6, seed=4)
+
+    async def mixed():
+        calls = [generate_with_retry(engine, p, params, backoff_s=(0.1,)) for p in (good[0], too_long, good[1])]
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
+
+    first, refused, second = asyncio.run(mixed())
+    assert type(refused) is ValueError, refused
+    assert f"{limit + 10}-token prompt" in str(refused) and f"max_model_len is {limit}" in str(refused)
+    alone = generate_all(engine, good, params)
+    assert [first[0].token_ids, second[0].token_ids] == [g.token_ids for g in alone]
+    assert first[1] == second[1] == 0          # no retry: nothing failed but the refused request
+
+
+class Built(Exception):
+    """Raised by the recording stand-in for vllm.LLM once it has its arguments."""
+
+
+@pytest.fixture
+def llm_arguments(monkeypatch) -> dict:
+    """The keyword arguments vllm.LLM is built with (the build itself stops there, with Built)."""
+    import vllm
+
+    given = {}
+
+    def llm(**kwargs):
+        given.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr(vllm, "LLM", llm)
+    return given
+
+
+@pytest.mark.parametrize("tensor_parallel_size,gpus", [(1, [1]), (2, [1, 2])])
+def test_a_ranks_engine_is_given_the_ranks_own_gpu(tiny, llm_arguments, tensor_parallel_size, gpus):
+    """Under torchrun the rank with LOCAL_RANK=1 runs on cuda:1 (learner.distributed.start_ranks): its engine's
+    vLLM workers are given that GPU (and the next ones for tensor parallelism), not vLLM's default cuda:0. No GPU
+    here: the arguments vllm.LLM is built with."""
+    tokenizer, model = tiny
+    rollout = RolloutConfig(engine="vllm", vllm={"tensor_parallel_size": tensor_parallel_size})
+    with pytest.raises(Built):
+        make_engine(model, tokenizer, rollout, seed=0, device=torch.device("cuda", 1))
+    given = llm_arguments
+    assert given["device_ids"] == gpus and given["tensor_parallel_size"] == tensor_parallel_size
+
+
+@pytest.mark.parametrize("configured", [False, True])
+def test_the_weights_folder_is_the_runs_per_rank_or_the_configured_one(tiny, llm_arguments, monkeypatch, tmp_path,
+                                                                       configured):
+    """Training gives make_engine the run's engine_weights/: the rank's engine writes under rank<RANK> there
+    (torchrun's RANK), or under rollout.vllm.weights_dir when set; vLLM is built from that folder."""
+    given = llm_arguments
+    monkeypatch.setenv("RANK", "3")
+    tokenizer, model = tiny
+    elsewhere = tmp_path / "scratch"
+    rollout = RolloutConfig(engine="vllm", vllm={"weights_dir": str(elsewhere)} if configured else {})
+    with pytest.raises(Built):
+        make_engine(model, tokenizer, rollout, seed=0, device=torch.device("cpu"),
+                    weights_dir=tmp_path / "engine_weights")
+    folder = (elsewhere if configured else tmp_path / "engine_weights") / "rank3"
+    assert given["model"] == str(folder) and (folder / "model.safetensors.index.json").is_file()
+
+
 def check_sync(engine, model, tokenizer, prompts, params) -> float:
     """Change every weight of `model` (the tied embedding and head included): the engine samples from
     the old weights (log-probs > 0.05 off the new ones) until `sync_weights`, then from the new ones
@@ -146,8 +220,10 @@ def check_sync(engine, model, tokenizer, prompts, params) -> float:
     return max_logprob_diff(model, tokenizer, prompts, fresh, 1.0)
 
 
-def test_sync_updates_every_weight_in_place(engine, tiny):
-    """Runs last: it changes the model."""
+def test_sync_updates_every_weight_in_place(engine, tiny, monkeypatch):
+    """Runs last: it changes the model. The new weights come in shards of at most 1 MiB (the engine
+    started from one), which vLLM reloads as one model."""
+    monkeypatch.setattr(weights, "SHARD_BYTES", 1 << 20)
     tokenizer, model = tiny
     diff = check_sync(engine, model, tokenizer, prompts_of(tokenizer, 6), SamplingParams(max_tokens=20, seed=5))
     print(f"vllm vs updated learner after sync: max |logp diff| = {diff:.2e}")

@@ -31,3 +31,4 @@ def test_two_ranks_each_sample_with_their_own_vllm_engine(tmp_path):
     assert [r["iteration"] for r in records] == [0, 1, 2] and records[2]["env/turns"] == 16   # both ranks' streams
     for record in records[1:]:    # iteration 2 sampled with weights gathered from the shards after update 1
         assert record["rollout/logprob_abs_diff"] < 1e-5
+    assert sorted(p.name for p in (run_dir / "engine_weights").iterdir()) == ["rank0", "rank1"]   # a folder per rank

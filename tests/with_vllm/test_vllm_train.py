@@ -22,7 +22,8 @@ from horizonrl.train.loop import train
 
 def test_toy_recipe_runs_two_iterations_with_vllm_rollouts(tmp_path, capsys):
     assert main(["train", TOY, "rollout.engine=vllm", "iterations=2", "model.warm_start.iterations=1",
-                 "model.warm_start.steps=1", "critic.warmup_batches=1", "actor.tis_cap=2.0", f"output_dir={tmp_path}", "--quiet"]) == 0
+                 "model.warm_start.steps=1", "critic.warmup_batches=1", "actor.tis_cap=2.0", f"output_dir={tmp_path}",
+                 "--quiet"]) == 0
     run_dir = next(tmp_path.iterdir())
     records = read_metrics(run_dir / "metrics.jsonl")
     assert [r["iteration"] for r in records] == [0, 1, 2]
@@ -35,6 +36,8 @@ def test_toy_recipe_runs_two_iterations_with_vllm_rollouts(tmp_path, capsys):
         versions.setdefault(trajectory["iteration"], set()).update(
             turn["weights_version"] for turn in trajectory["turns"])
     assert versions[1] == {0} and versions[2] == {1}     # iteration 2 sampled with the weights after update 1
+    engine_folder = run_dir / "engine_weights" / "rank0"  # the engine's weights lived in the run, not in /tmp
+    assert (engine_folder / "config.json").is_file() and not list(engine_folder.glob("model*"))   # removed at the end
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ gradient accumulation give exactly the full mini-batch loss.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -99,11 +100,18 @@ def first_token_weights(mask: Tensor, first_token_weight: float) -> Tensor:
     return mask + (first_token_weight - 1.0) * first
 
 
-def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """1 - Var[R - V] / Var[R] over masked tokens (1 is a perfect critic, 0 a constant one)."""
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor,
+                       total: Callable[[list[float]], list[float]] = list) -> float:
+    """1 - Var[R - V] / Var[R] over masked tokens (1 is a perfect critic, 0 a constant one; NaN for fewer
+    than two tokens or constant returns), population variances in two passes (means, then squared
+    deviations). `total` turns local sums into the sums over every process holding part of the tokens
+    (`Ranks.sum`; identity: this process alone), so only five numbers per process cross."""
     m = mask.bool()
     r, v = returns[m].float(), values[m].float()
-    var_r = r.var(unbiased=False)
-    if r.numel() < 2 or var_r <= 0:
+    d = r - v
+    n, r_sum, d_sum = total([float(r.numel()), float(r.sum()), float(d.sum())])
+    r_mean, d_mean = r_sum / max(n, 1.0), d_sum / max(n, 1.0)
+    r_dev, d_dev = total([float((r - r_mean).square().sum()), float((d - d_mean).square().sum())])
+    if n < 2 or r_dev <= 0:
         return float("nan")
-    return float(1.0 - (r - v).var(unbiased=False) / var_r)
+    return 1.0 - d_dev / r_dev

@@ -1,13 +1,16 @@
 """In-process vLLM engine: `vllm.LLM` over a copy of the actor's weights, synced in place after updates.
 
-The engine is built from an untied copy of the actor (engines/weights.py) written to a folder it
-owns. Requests are continuously batched by vLLM's scheduler: a worker thread adds the requests that
-arrived to vLLM's `LLMEngine` and steps it, resolving each request's future as soon as its response
-ends, while the event loop keeps stepping envs (the pattern of HFEngine). `sync_weights` rewrites
-that folder's weights from the actor's state dict and has every vLLM worker reload them in place
-(`collective_rpc("reload_weights", weights_path=...)`: no restart; a callable or tensors sent by RPC
-would need vLLM's pickle fallback, VLLM_ALLOW_INSECURE_SERIALIZATION), then resets the prefix cache,
-whose KV the old weights computed.
+The engine is built from an untied copy of the actor (engines/weights.py: streamed in bounded shards)
+written to its weights folder (the run's engine_weights/rank<R> in training, rollout.vllm.weights_dir,
+or a temporary folder). Requests are continuously batched by vLLM's scheduler: a worker thread adds
+the requests that arrived to vLLM's `LLMEngine` and steps it, resolving each request's future as soon
+as its response ends, while the event loop keeps stepping envs (the pattern of HFEngine).
+`sync_weights` rewrites that folder's weights from the actor's state dict and has every vLLM worker
+reload them in place (`collective_rpc("reload_weights", weights_path=...)`: no restart; a callable or
+tensors sent by RPC would need vLLM's pickle fallback, VLLM_ALLOW_INSECURE_SERIALIZATION), then resets
+the prefix cache, whose KV the old weights computed. (On GPUs vLLM 0.32 also has an in-memory path
+that skips the folder, its CUDA-IPC weight transfer, `weight_transfer_config={"backend": "ipc"}`,
+which this engine does not use.)
 
 Log-probs are vLLM's `processed_logprobs`: the sampled token's log-prob after temperature and top-p,
 the distribution it was sampled from (for greedy requests, the untempered one), as HFEngine returns
@@ -35,7 +38,7 @@ import torch
 from horizonrl.config import ConfigError
 from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, cut_at_stop_pattern, settle
 from horizonrl.engines.retry import EngineError
-from horizonrl.engines.weights import write_untied
+from horizonrl.engines.weights import remove_weights, write_untied
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,33 +73,44 @@ class VLLMEngine:
     `dtype`: the weights' dtype in vLLM (float32 reproduces the learner's log-probs to ~1e-6; bfloat16
     to ~4e-2). `gpu_memory_utilization`: on the CPU, the share of the NUMA node's memory for the KV
     cache. With `enable_sleep_mode` (GPU only) `sleep` frees vLLM's weights and KV cache for the update
-    and `sync_weights` wakes it. `close` stops vLLM's processes and removes the weights folder."""
+    and `sync_weights` wakes it. `folder`: where the weights are written and reloaded from (None: a
+    temporary folder). `close` stops vLLM's processes and removes the weights (a temporary folder whole).
+
+    `device` (None: the model's): where vLLM runs. On cuda:i its workers get GPUs i .. i +
+    tensor_parallel_size - 1 (vLLM's `device_ids`, indices among the visible GPUs as torch numbers them);
+    vLLM itself would take cuda:0 onwards in every process, so under torchrun every rank's engine would
+    share the first GPU instead of running on its rank's (cuda:LOCAL_RANK)."""
 
     def __init__(self, model, tokenizer, seed: int = 0, dtype: torch.dtype = torch.float32,
                  gpu_memory_utilization: float = 0.2, tensor_parallel_size: int = 1,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 256, max_model_len: int | None = None,
-                 enable_sleep_mode: bool = False):
+                 enable_sleep_mode: bool = False, device: torch.device | None = None, tensors=None,
+                 folder: Path | None = None):
         vllm = import_vllm()
         self.tokenizer = tokenizer
         self.dtype = dtype
         self.seeds = RequestSeeds(seed)
-        on_gpu = next(model.parameters()).device.type == "cuda"
+        device = device or next(model.parameters()).device
+        on_gpu = device.type == "cuda"
         if not on_gpu:
             check_cpu_head_dim(model.config)
         if enable_sleep_mode and not on_gpu:
             log.info("rollout.vllm.enable_sleep_mode is a no-op on the CPU: vLLM's CPU backend has no sleep mode")
         self.sleep_mode = enable_sleep_mode and on_gpu
         self._sleeping = False
-        self._folder = tempfile.TemporaryDirectory(prefix="horizonrl-vllm-")
-        self.folder = write_untied(model, tokenizer, Path(self._folder.name), dtype)
-        # On the CPU a seeded request whose prompt is prefilled in chunks kills vLLM 0.32's engine ("CPU
-        # Generator does not use offset"): prompts are prefilled whole there.
-        whole_prompts = {} if on_gpu else {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
-            max_model_len or model.config.max_position_embeddings, CPU_BATCHED_TOKENS)}
-        self.llm = vllm.LLM(model=self._folder.name, dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
+        self._temporary = tempfile.TemporaryDirectory(prefix="horizonrl-vllm-") if folder is None else None
+        self.folder = write_untied(model, tokenizer, folder or Path(self._temporary.name), dtype, tensors)
+        if on_gpu:
+            first = device.index if device.index is not None else torch.cuda.current_device()
+            placement = {"device_ids": list(range(first, first + tensor_parallel_size))}
+        else:   # a seeded request whose prompt is prefilled in chunks kills vLLM 0.32's engine on the CPU ("CPU
+                # Generator does not use offset"): prompts are prefilled whole there
+            placement = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(
+                max_model_len or model.config.max_position_embeddings, CPU_BATCHED_TOKENS)}
+        self.llm = vllm.LLM(model=str(self.folder), dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
                             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
-                            max_model_len=max_model_len, enable_sleep_mode=self.sleep_mode, **whole_prompts)
+                            max_model_len=max_model_len, enable_sleep_mode=self.sleep_mode, **placement)
         self._vllm = vllm
         self._ids = itertools.count()
         self._lock = threading.Lock()  # guards _pending and _working, shared with the worker thread
@@ -139,11 +153,9 @@ class VLLMEngine:
                     self._working = False
                     return
             try:
-                for request_id, prompt_ids, sampling, future, version in arrived:
-                    running[request_id] = (future, version)
-                    engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, sampling)
+                add_requests(engine, arrived, running, self._vllm.exceptions.VLLMClientError)
                 outputs = engine.step()
-            except Exception as error:  # every request the engine holds learns about it
+            except Exception as error:  # every request the engine holds or was adding learns about it
                 with contextlib.suppress(Exception):   # a dead engine cannot abort: its requests are gone anyway
                     engine.abort_request(list(running))
                 for future, _ in running.values():
@@ -185,9 +197,33 @@ class VLLMEngine:
         self.seeds.new_version(state["weights_version"])
 
     def close(self) -> None:
-        """Stop vLLM's engine processes and remove the weights folder."""
+        """Stop vLLM's engine processes and remove the weights (a temporary folder whole)."""
         self.llm.llm_engine.engine_core.shutdown()
-        self._folder.cleanup()
+        if self._temporary is None:
+            remove_weights(self.folder)
+        else:
+            self._temporary.cleanup()
+
+
+def add_requests(engine, arrived: list[tuple[str, list[int], object, asyncio.Future, int]],
+                 running: dict[str, tuple[asyncio.Future, int]], refusal: type[Exception]) -> None:
+    """Add the `arrived` requests (id, prompt ids, vLLM sampling parameters, future, weights version) to
+    vLLM's `engine` and to `running`. A request the engine refuses for its own sake (`refusal`: vLLM's
+    VLLMClientError, e.g. a prompt longer than max_model_len) is settled alone, with a ValueError naming
+    its prompt length and the engine's max_model_len (not retried: sent again, it fails again), and the
+    others go on. Any other error is the engine's: it propagates with every arrival already in `running`,
+    so that none of them is left unsettled."""
+    running.update((request_id, (future, version)) for request_id, _, _, future, version in arrived)
+    for request_id, prompt_ids, sampling, future, _ in arrived:
+        try:
+            engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, sampling)
+        except refusal as error:
+            del running[request_id]
+            limit = engine.model_config.max_model_len
+            settle(future, ValueError(
+                f"vLLM refused a request with a {len(prompt_ids)}-token prompt (max_model_len is {limit}): {error}; "
+                "raise rollout.vllm.max_model_len (up to the model's max_position_embeddings) or send shorter "
+                "prompts"))
 
 
 def _generation(output, weights_version: int) -> Generation:

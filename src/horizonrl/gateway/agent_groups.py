@@ -132,7 +132,9 @@ class AgentGroupCollector:
 
     def collect(self) -> list[Episode]:
         """`group_size` episodes of each of this process's share of the next `n_tasks` tasks, task by task,
-        rollout by rollout (failed ones with metrics["error"])."""
+        rollout by rollout (failed ones with metrics["error"]). When it returns, no model call of theirs is in
+        flight: a call an agent gave up on (a timeout) is awaited to its end, as the engine must be idle for
+        the update and the weight sync that follow (engines/base.py)."""
         tasks = [self.make_task(self.next_seed + j) for j in self.share]
         self.next_seed += self.n_tasks
         return self.run(tasks)
@@ -181,6 +183,7 @@ class AgentGroupCollector:
         except Exception as error:                              # the agent's own bug or its client's error
             failure = f"raised {type(error).__name__}: {error}"
         rollout = self.gateway.recorder.take(rollout_id)
+        await self._server.calls_over(rollout_id)
         episode = episode_from_rollout(rollout, f"{task.task_id}/rollout{k}", task, task.task_id)
         if failure is None:
             failure, reward = self._outcome(episode, returned, rollout.reward)

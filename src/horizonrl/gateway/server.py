@@ -59,7 +59,8 @@ class _RewardBody(BaseModel):
 class Gateway:
     """Serves `engine` (sampling ids for `tokenizer`) as the model `model_name` and records every call.
 
-    The engine's `generate` is awaited on the event loop that runs `start` only. `stats` counts
+    The engine's `generate` is awaited on the event loop that runs `start` only. A call goes on when its
+    client gives up (aiohttp does not cancel handlers): `calls_over` awaits those of a rollout. `stats` counts
     requests (all but /health), errors (4xx answers), server_errors (5xx) and tool_call_parse_failures
     (responses with a `<tool_call>` block that does not parse; they are returned as plain content)."""
 
@@ -79,6 +80,7 @@ class Gateway:
         self.app.router.add_post("/rollouts/{rollout_id}/reward", self._reward)
         self.app.router.add_get("/health", self._health)
         self._runner: web.AppRunner | None = None
+        self._in_flight: dict[str, set[asyncio.Future]] = {}   # rollout id -> the ends of its model calls
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve on host:port (0: a free port) from the running event loop; returns "http://host:port"."""
@@ -91,6 +93,29 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def calls_over(self, rollout_id: str) -> None:
+        """Returns once no model call of `rollout_id` is in flight (each ends as it would have, its
+        generation whole). Take the rollout from the recorder first: then no new call is accepted."""
+        await asyncio.gather(*self._in_flight.get(rollout_id, ()))
+
+    @contextlib.contextmanager
+    def _call(self, rollout_id: str | None):
+        """A model call of `rollout_id` is in flight inside this block (for `calls_over`). Entered in the
+        event loop step that accepted the rollout id, so no call is accepted unseen by `calls_over`."""
+        if rollout_id is None:
+            yield
+            return
+        ended = asyncio.get_running_loop().create_future()
+        self._in_flight.setdefault(rollout_id, set()).add(ended)
+        try:
+            yield
+        finally:
+            ended.set_result(None)
+            calls = self._in_flight[rollout_id]
+            calls.discard(ended)
+            if not calls:
+                del self._in_flight[rollout_id]
 
     @web.middleware
     async def _guard(self, request: web.Request, handler) -> web.StreamResponse:
@@ -155,8 +180,12 @@ class Gateway:
         return await self._generate(request, "completions")
 
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
-        started = time.time()
         rollout_id = self._rollout_id(request)
+        with self._call(rollout_id):
+            return await self._serve_call(request, kind, rollout_id)
+
+    async def _serve_call(self, request: web.Request, kind: str, rollout_id: str | None) -> web.StreamResponse:
+        started = time.time()
         body = parse_request(await request.read(), kind)
         prompt_ids, messages = prompt_of(body, self.model)
         tasks = [asyncio.ensure_future(self.engine.generate(prompt_ids, params))
@@ -249,6 +278,10 @@ class GatewayThread:
     def start(self) -> str:
         self._thread.start()
         return asyncio.run_coroutine_threadsafe(self.gateway.start(self.host, self.port), self.loop).result()
+
+    async def calls_over(self, rollout_id: str) -> None:
+        """From another event loop: `gateway.calls_over(rollout_id)`, run on the gateway's."""
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.gateway.calls_over(rollout_id), self.loop))
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.gateway.stop(), self.loop).result()

@@ -11,6 +11,7 @@ identity, nothing sharded.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 from horizonrl.config import ConfigError, DistConfig
 from horizonrl.learner.device import resolve_device
@@ -132,13 +134,20 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def checkpoint_activations(model: nn.Module) -> None:
-    """Recompute every decoder layer in backward instead of keeping its activations: transformers'
-    gradient checkpointing on the outermost Hugging Face model in `model` (the policy itself, a PEFT
-    wrapper's, or a critic's backbone)."""
-    outermost = next((m for m in model.modules() if hasattr(m, "gradient_checkpointing_enable")), None)
-    if outermost is None:
-        raise ValueError(f"{type(model).__name__}: no transformers model inside to checkpoint")
-    outermost.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    """Recompute every decoder layer in backward instead of keeping its activations: each layer's
+    forward runs under torch.utils.checkpoint (non-reentrant) whenever gradients are on, in eval mode
+    as in train mode. (transformers' own gradient checkpointing acts only when `self.training`, and the
+    trainer keeps its networks in eval mode: the sampler and the learner compute the same function.)
+    The layer keeps its module path, so state-dict names do not change; apply before `fully_shard`,
+    whose hooks then run around the checkpointed forward."""
+    for layer in decoder_layers(model):
+        layer.forward = functools.partial(_checkpointed, layer.forward)
+
+
+def _checkpointed(forward, *args, **kwargs):
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def shard(model: nn.Module, cfg: DistConfig, ranks: Ranks, device: torch.device) -> nn.Module:

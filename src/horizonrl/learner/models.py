@@ -140,5 +140,6 @@ class ValueModel(nn.Module):
         return cls(copy.deepcopy(policy.base_model), policy.config.hidden_size).to(policy.device)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               use_cache=False).last_hidden_state
         return self.value_head(hidden).sum(-1).float()   # [B, T, 1] -> [B, T], a new tensor (not a view)

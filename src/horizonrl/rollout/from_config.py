@@ -6,6 +6,7 @@ evaluated with exactly the prompts, parsing, stop conditions and sampler it was 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -23,20 +24,27 @@ def make_agent(tokenizer, agent: AgentConfig) -> Agent:
 
 
 def make_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: torch.device,
-                weights_dir: Path | None = None) -> TrainingEngine:
+                weights_dir: Path | None = None, tensors=None) -> TrainingEngine:
     """The engine `rollout.engine` names, sampling from `model`'s weights, seeded with `seed`: hf shares
-    `model` itself; vllm loads a copy; openai talks to the server at rollout.openai.base_url, which is
-    sent new weights through `weights_dir` (rollout.openai.weights_dir, if set, replaces it; None and
-    unset: the engine serves eval only)."""
+    `model` itself; vllm loads a copy on `device` (this rank's GPU under torchrun) from the folder
+    `weights_dir`/rank<R> (R: torchrun's $RANK, 0 without it; rollout.vllm.weights_dir, if set, replaces
+    `weights_dir`; None and unset: a temporary folder); openai talks to the server at
+    rollout.openai.base_url, which is sent new weights through `weights_dir` (rollout.openai.weights_dir,
+    if set, replaces it; None and unset: the engine serves eval only).
+    `tensors`: the (name, whole tensor) pairs vllm and openai start from when `model`'s own state dict
+    is not them (a sharded or LoRA-wrapped model: learner/lora.merged_parameters)."""
     if rollout.engine == "vllm":
         from horizonrl.engines.vllm_engine import VLLMEngine
 
         options = rollout.vllm
         dtype = (autocast_dtype(device) or torch.float32) if options.dtype == "auto" else getattr(torch, options.dtype)
         memory = options.gpu_memory_utilization or (0.5 if device.type == "cuda" else 0.2)
+        if options.weights_dir is not None:
+            weights_dir = Path(options.weights_dir)
+        folder = None if weights_dir is None else weights_dir / f"rank{os.environ.get('RANK', '0')}"
         return VLLMEngine(model, tokenizer, seed, dtype, memory, options.tensor_parallel_size,
                           options.enable_prefix_caching, options.max_num_seqs or rollout.max_batch_size,
-                          options.max_model_len, options.enable_sleep_mode)
+                          options.max_model_len, options.enable_sleep_mode, device, tensors, folder)
     if rollout.engine == "openai":
         from horizonrl.engines.openai_server import OpenAIServerEngine
 
@@ -46,7 +54,7 @@ def make_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: tor
         engine = OpenAIServerEngine(tokenizer, options.base_url, options.api_key, options.model, options.timeout_s,
                                     seed, weights_dir)
         if weights_dir is not None:   # training: the server samples from the learner's weights from the start
-            engine.sync_weights(model)
+            engine.sync_weights(model, tensors)
         return engine
     return HFEngine(model, pad_token_id(tokenizer), rollout.max_batch_size, seed, autocast_dtype(device), tokenizer,
                     rollout.prefix_cache_tokens)

@@ -10,6 +10,7 @@ Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where l
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,6 +75,31 @@ def score_batch(batch: PPOBatch, pad_id: int, budget: MicroBatchBudget, temperat
     if critic is not None:
         batch.bootstrap_values = prompt_values(critic, batch.samples.bootstrap_prompts, pad_id, budget,
                                                batch.data["input_ids"].device, ranks)
+
+
+def kept_episodes(episodes: list[Episode], ranks: Ranks = LOCAL) -> list[Episode]:
+    """The episodes of a group batch that train: those not dropped (an env error or a failed agent put
+    "error" in their metrics). Every rank must bring rows to the update's collectives, so when some rank
+    kept none, every rank raises the same RuntimeError (agreed with `Ranks.max` before raising: no rank
+    is left waiting for another), naming how many episodes each rank dropped and the failures that
+    dropped them, the most common first."""
+    kept = [e for e in episodes if "error" not in e.metrics]
+    if not ranks.max(int(not kept)):
+        return kept
+    shares = ranks.gather((len(episodes), [e.metrics["error"] for e in episodes if "error" in e.metrics]))
+    if ranks.world_size == 1:
+        where = f"the batch was dropped ({len(shares[0][1])} of {shares[0][0]})"
+    else:
+        empty = [str(rank) for rank, (n, errors) in enumerate(shares) if len(errors) == n]
+        where = (f"the share of rank{'s' * (len(empty) > 1)} {', '.join(empty)} was dropped (dropped per rank: "
+                 + ", ".join(f"{len(errors)} of {n}" for n, errors in shares) + ")")
+    failures = Counter(error for _, errors in shares for error in errors)
+    common = failures.most_common(5)
+    lines = [f"{n} x {error}" for error, n in common]
+    if rest := sum(failures.values()) - sum(n for _, n in common):
+        lines.append(f"{rest} x other failures")
+    raise RuntimeError(f"every episode of {where}, so the update has no rows to train on; the failures, most "
+                       "common first:\n" + "\n".join(lines))
 
 
 def turn_layout(values: list[list[float]], mask: Tensor) -> Tensor:
@@ -165,31 +191,30 @@ def gigpo_advantages_to_tokens(batch: PPOBatch, gigpo: GiGPOConfig, ranks: Ranks
             "gigpo/anchored_step_frac": anchored / max(steps, 1)}
 
 
-def sampled_tokens(batches: list[PPOBatch], key: str, ranks: Ranks = LOCAL) -> Tensor:
-    """`key` at the sampled tokens of every batch on every rank, one flat tensor (rank by rank)."""
-    mine = torch.cat([b.data[key][b.data["loss_mask"].bool()].cpu() for b in batches])
-    return torch.cat(ranks.gather(mine)).to(batches[0].data[key].device)
+def sampled_tokens(batches: list[PPOBatch], key: str) -> Tensor:
+    """`key` at the sampled tokens of every batch (this rank's), one flat tensor."""
+    return torch.cat([b.data[key][b.data["loss_mask"].bool()] for b in batches])
 
 
 def batch_metrics(batch: PPOBatch, ranks: Ranks = LOCAL) -> dict[str, float]:
-    """Data and critic-fit statistics of a prepared batch, over every rank's rows. (The statistics of the
-    learner's old log-probs, KL to the reference and the sampler's consistency, come from the actor update:
-    learner/update.py actor_loss_fn.)"""
+    """Data and critic-fit statistics of a prepared batch, over every rank's rows, from each rank's sums and
+    counts (no row crosses the ranks). (The statistics of the learner's old log-probs, KL to the reference
+    and the sampler's consistency, come from the actor update: learner/update.py actor_loss_fn.)"""
     data = batch.data
-    tokens = {key: sampled_tokens([batch], key, ranks) for key in ("returns", "values_old") if key in data}
-    n = float(tokens["returns"].numel())
-    attended, rows, bootstrap_prompts = ranks.sum([float(data["attention_mask"].sum()), float(len(data["loss_mask"])),
-                                                   float(len(batch.samples.bootstrap_prompts))])
+    sampled = data["loss_mask"].bool()
+    n, returns_sum, attended, rows, bootstrap_prompts = ranks.sum([
+        float(sampled.sum()), float(data["returns"][sampled].sum()), float(data["attention_mask"].sum()),
+        float(len(data["loss_mask"])), float(len(batch.samples.bootstrap_prompts))])
     metrics = {
         "data/mask_ones_ratio": n / attended,
         "data/rows": int(rows),
         "data/bootstrap_prompts": int(bootstrap_prompts),
-        "train/returns_mean": float(tokens["returns"].sum()) / n,
+        "train/returns_mean": returns_sum / n,
     }
     if batch.merge_report is not None:
         report = batch.merge_report.as_metrics()
         metrics.update(zip(report, map(int, ranks.sum(list(report.values())))))
-    if "values_old" in tokens:
-        metrics["train/critic/explained_variance"] = explained_variance(tokens["values_old"], tokens["returns"],
-                                                                        torch.ones_like(tokens["returns"]))
+    if "values_old" in data:
+        metrics["train/critic/explained_variance"] = explained_variance(data["values_old"], data["returns"],
+                                                                        data["loss_mask"], total=ranks.sum)
     return metrics

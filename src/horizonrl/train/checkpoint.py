@@ -345,8 +345,9 @@ class ResumePoint:
 
 
 def resume_config(run_dir: Path, overrides: list[str] = ()) -> TrainConfig:
-    """The run's config.yaml with `overrides` of RESUMABLE_KEYS only (rewritten into config.yaml, so a
-    later resume sees them too)."""
+    """The run's config.yaml with `overrides` of RESUMABLE_KEYS only. It only reads: under torchrun every
+    rank calls it before the process group exists, and rank 0 alone records the overrides in config.yaml
+    (`prepare_resume`), so that a later resume sees them too."""
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise CheckpointError(f"{run_dir} is not a run folder (no config.yaml)")
@@ -355,16 +356,15 @@ def resume_config(run_dir: Path, overrides: list[str] = ()) -> TrainConfig:
     if refused:
         raise ConfigError(f"--resume continues a run with its own config.yaml; only {', '.join(RESUMABLE_KEYS)} "
                           f"can be changed (got {', '.join(refused)})")
-    cfg = load_config(path, overrides, run_folder=True)
-    if overrides:
-        write_text_atomic(path, dump(cfg))
-    return cfg
+    return load_config(path, overrides, run_folder=True)
 
 
 def prepare_resume(run_dir: Path, cfg: TrainConfig) -> ResumePoint:
-    """The run's last complete checkpoint; removes leftover `.tmp` folders of a crashed write and cuts
+    """The run's last complete checkpoint; removes leftover `.tmp` folders of a crashed write, cuts
     metrics.jsonl and trajectories.jsonl back to the checkpoint's iteration (the records of later
-    iterations, which the resumed run writes again, and a torn last line)."""
+    iterations, which the resumed run writes again, and a torn last line) and, once the checkpoint
+    fits `cfg`, writes `cfg` (the resume's overrides included) into config.yaml. Called by one process
+    only (rank 0 under torchrun), which alone changes the run folder."""
     run_dir = Path(run_dir)
     for leftover in (run_dir / CHECKPOINTS).glob("*.tmp"):
         shutil.rmtree(leftover)
@@ -385,6 +385,9 @@ def prepare_resume(run_dir: Path, cfg: TrainConfig) -> ResumePoint:
                               f"N >= {iteration}")
     for name in (METRICS, TRAJECTORIES):
         keep_records_through(run_dir / name, iteration)
+    resolved = dump(cfg)
+    if (run_dir / "config.yaml").read_text(encoding="utf-8") != resolved:
+        write_text_atomic(run_dir / "config.yaml", resolved)
     return ResumePoint(run_dir, folder)
 
 

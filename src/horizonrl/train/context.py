@@ -6,10 +6,11 @@
     with its adapters disabled, after adapters go on actor and critic) -> optimisers (over what
     trains) -> metrics sinks -> checkpointer (restores a resumed run's weights and state)
 
-Under torchrun every rank builds the same context: rank 0 makes the run folder and the tiny model
-(the others load it from init/), each rank's collector plays its share of the streams or tasks, the
-engine samples from a whole copy of the policy of its own, and actor, critic and reference are
-sharded with FSDP2 (learner/distributed.py) before the optimisers are built over the shards.
+Under torchrun every rank builds the same context: rank 0 makes the run folder and holds the initial
+policy in CPU memory, from which every rank fills its FSDP2 shards of actor, critic and reference
+(learner/sharded_start.py: no rank holds a whole network on its device); each rank's collector plays
+its share of the streams or tasks, and an hf engine samples from a whole copy of the policy of its own,
+filled from the shards.
 
 The iteration functions (train/loop.py) read and change only what the context holds.
 """
@@ -30,18 +31,24 @@ from horizonrl.config import TrainConfig, dump
 from horizonrl.engines.base import TrainingEngine
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import autocast_dtype, resolve_device
-from horizonrl.learner.distributed import LOCAL, Ranks, shard
-from horizonrl.learner.lora import AdaptersOff, add_adapters, freeze_base_in
+from horizonrl.learner.distributed import LOCAL, Ranks
+from horizonrl.learner.lora import AdaptersOff, add_adapters, merged_parameters
 from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, pad_token_id
-from horizonrl.learner.scoring import register_sharded_logprobs
+from horizonrl.learner.sharded_start import engine_copy_from, sharded_networks
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
 from horizonrl.report.sinks import MetricsSinks
 from horizonrl.rollout.collector import Collector
 from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
-from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
-                                        save_checkpoint)
+from horizonrl.train.checkpoint import (
+    Checkpointer,
+    ResumePoint,
+    StopSignals,
+    TrainingState,
+    initial_policy_path,
+    save_checkpoint,
+)
 from horizonrl.train.tasks import build_tiny_for_task, task_collector, task_warm_start
 from horizonrl.train.warm_start import build_tiny_for_envs, format_warm_start
 
@@ -80,23 +87,30 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
               ranks: Ranks = LOCAL, device: torch.device | None = None) -> RunContext:
     """Build the run's context: a new run folder, or the resumed run's with its checkpoint restored."""
     device = device or resolve_device(cfg.device)
+    policy_device = torch.device("cpu") if ranks.distributed else device     # learner/sharded_start.py
     if resume is None:
-        run_dir, tokenizer, actor = new_run(cfg, envs, ranks, device)
+        run_dir, tokenizer, policy = new_run(cfg, envs, ranks, policy_device)
     else:                                   # the initial policy; the checkpoint's weights come over it
         run_dir = resume.run_dir
-        tokenizer, actor = load_policy(initial_policy_path(cfg, run_dir), device)
+        tokenizer, policy = load_policy(initial_policy_path(cfg, run_dir), policy_device) if ranks.is_main \
+            else (None, None)
+    tokenizer = ranks.broadcast(tokenizer)
+    if ranks.distributed:
+        actor, critic, reference = sharded_networks(cfg, policy, ranks, device)
+        del policy                          # rank 0's whole copy goes before the engine's comes
+        sampled = engine_copy_from(actor, autocast_dtype(device) or torch.float32, device) \
+            if cfg.rollout.engine == "hf" else actor
+    else:
+        actor, critic, reference, sampled = local_networks(cfg, policy, device)
     agent = make_agent(tokenizer, cfg.agent)
-    actor.eval()  # dropout off: the sampler and the learner compute the same function
-    own_copy = ranks.distributed or cfg.model.lora is not None      # the engine cannot sample from the actor
-    sampled = engine_copy(actor, device) if own_copy and cfg.rollout.engine == "hf" else actor
-    engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights")
+    wrapped = ranks.distributed or cfg.model.lora is not None     # the actor's state dict is no plain model's
+    engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights",
+                         merged_parameters(actor) if wrapped and cfg.rollout.engine != "hf" else None)
     params = sampling_params(cfg.rollout, tokenizer, actor, agent)
-    critic = critic_opt = critic_loss = None
     if cfg.algorithm == "ppo":
         streams = ranks.share(cfg.rollout.n_env)
         collector = FixedTurnCollector(envs, agent, engine, params, cfg.ppo.e_len, cfg.seed, streams.start,
                                        cfg.rollout.n_env)
-        critic = ValueModel.from_policy(actor).eval()
     elif cfg.task is not None:
         collector = task_collector(cfg, tokenizer, engine, params, actor.config.max_position_embeddings,
                                    ranks.share(cfg.group.n_tasks))
@@ -105,24 +119,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
                                           cfg.group.group_size, cfg.group.max_turns,
                                           load_reward_fn(cfg.group.reward_fn), cfg.seed,
                                           ranks.share(cfg.group.n_tasks))
-    if cfg.model.lora is None:
-        reference = frozen_copy(actor)
-    else:                                   # adapters on actor and critic; the reference is the base
-        with torch.random.fork_rng():        # the same initial adapters on every rank and every world size
-            torch.manual_seed(cfg.seed)
-            actor, critic = add_adapters(actor, critic, cfg.model.lora)
-        reference = AdaptersOff(actor)
-        if ranks.distributed and cfg.dist.mixed_precision:
-            for model in (actor, critic):
-                if model is not None:
-                    freeze_base_in(model, torch.bfloat16)
-    if ranks.distributed:
-        for model in (actor, reference, critic):
-            if isinstance(model, nn.Module):
-                shard(model, cfg.dist, ranks, device)
-        for policy in (actor, reference):
-            if isinstance(policy, nn.Module):
-                register_sharded_logprobs(policy)
+    critic_opt = critic_loss = None
     actor_opt = torch.optim.AdamW(trainable(actor), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
     actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
                                cfg.actor.entropy_coef, cfg.actor.loss_agg, cfg.rollout.temperature,
@@ -144,12 +141,33 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
                       critic, critic_opt, critic_loss, ranks)
 
 
+def local_networks(cfg: TrainConfig, actor: PreTrainedModel, device: torch.device
+                   ) -> tuple[PreTrainedModel, ValueModel | None, PreTrainedModel | AdaptersOff, PreTrainedModel]:
+    """(actor, critic (ppo), reference, the model the engine samples from) of a one-process run: the
+    critic and the reference copies of the policy, or with LoRA adapters on actor and critic and the
+    reference the actor with its adapters disabled (the hf engine then samples from a merged copy).
+    Every network in eval mode: dropout off, so the sampler and the learner compute the same function."""
+    actor.eval()
+    sampled = engine_copy(actor, device) if cfg.model.lora is not None and cfg.rollout.engine == "hf" else actor
+    critic = ValueModel.from_policy(actor).eval() if cfg.algorithm == "ppo" else None
+    if cfg.model.lora is None:
+        return actor, critic, frozen_copy(actor), sampled
+    with torch.random.fork_rng():            # the same initial adapters as every world size (sharded_start.py)
+        torch.manual_seed(cfg.seed)
+        actor, critic = add_adapters(actor, critic, cfg.model.lora)
+    for model in (actor, critic):            # PEFT leaves the models it wraps in train mode
+        if model is not None:
+            model.eval()
+    return actor, critic, AdaptersOff(actor), sampled
+
+
 def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device
             ) -> tuple[Path, PreTrainedTokenizerBase, PreTrainedModel]:
     """(run folder, tokenizer, policy) of a new run: the policy from `model.path`, or a tiny model
     (warm-started as the config says) saved in run_dir/init. Under torchrun rank 0 builds the policy and
     makes the folder, warm-starting on every stream of the run as one process does (so the tiny model
-    does not depend on the world size); the other ranks load the policy from where it is."""
+    does not depend on the world size); the other ranks get (run folder, None, None): their shards come
+    from rank 0's policy (learner/sharded_start.py)."""
     if ranks.is_main:
         tokenizer, actor = build_policy(cfg, device)
         if cfg.model.path is None and cfg.model.warm_start:
@@ -168,10 +186,9 @@ def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device
         run_dir = make_run_dir(cfg)
         if cfg.model.path is None:
             save_checkpoint(run_dir / "init", actor, tokenizer)
-    run_dir = ranks.broadcast(run_dir if ranks.is_main else None)
-    if not ranks.is_main:
-        tokenizer, actor = load_policy(cfg.model.path or str(run_dir / "init"), device)
-    return run_dir, tokenizer, actor
+    else:
+        tokenizer = actor = None
+    return ranks.broadcast(run_dir if ranks.is_main else None), tokenizer, actor
 
 
 def trainable(model: nn.Module) -> list[nn.Parameter]:

@@ -40,7 +40,7 @@ from horizonrl.report.metrics import episode_metrics
 from horizonrl.report.sinks import check_sinks
 from horizonrl.report.trajectories import trajectory_records, write_trajectories
 from horizonrl.train.batch import (PPOBatch, batch_metrics, estimate_advantages, gigpo_advantages_to_tokens,
-                                   group_advantages_to_tokens, prepare, score_batch)
+                                   group_advantages_to_tokens, kept_episodes, prepare, score_batch)
 from horizonrl.train.checkpoint import StopSignals, TrainingStopped, prepare_resume, save_checkpoint
 from horizonrl.train.context import RunContext, start_run
 from horizonrl.train.warmup import critic_warmup
@@ -142,14 +142,15 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
 def group_iteration(ctx: RunContext, i: int) -> dict:
     """A critic-free group estimator (cfg.algorithm) on whole episodes; returns the metrics record.
 
-    Episodes closed by an env error are left out of their group. There is no KL-in-reward term (there
+    Episodes closed by an env error or a failed agent are left out of their group; a rank left with none
+    is an error on every rank (`kept_episodes`). There is no KL-in-reward term (there
     is no per-token reward to put it in); `actor.kl_loss_coef` puts the KL in the actor loss instead."""
     cfg, optim = ctx.cfg, ctx.cfg.optim
     clock = Stopwatch()
     episodes = ctx.collector.collect()                         # n_tasks x group_size whole episodes
     ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
-    kept = [e for e in episodes if "error" not in e.metrics]
+    kept = kept_episodes(episodes, ctx.ranks)                  # a batch with none to train on is an error
     batch = score(ctx, kept, critic=None)                       # logp_old, logp_ref per token where read
     if cfg.algorithm == "gigpo":                                # + step advantage from turns in the same state
         step_stats = gigpo_advantages_to_tokens(batch, cfg.gigpo, ctx.ranks)
@@ -179,7 +180,7 @@ def critic_warmup_iteration(ctx: RunContext) -> dict:
     stats = critic_warmup(ctx, batches)
     clock.lap("warmup")
     record = {"iteration": 0, "phase": "critic_warmup", "env/errors": int(ctx.ranks.sum([errors])[0]),
-              **episode_metrics(everyones(ctx, [e for b in batches for e in b.episodes])), **stats, **clock.laps}
+              **episode_metrics([e for b in batches for e in b.episodes], ctx.ranks), **stats, **clock.laps}
     return write_records(ctx, record, batches[-1])
 
 
@@ -216,20 +217,15 @@ def sync_engine(ctx: RunContext) -> None:
     ctx.engine.sync_weights(ctx.actor, merged_parameters(ctx.actor))
 
 
-def everyones(ctx: RunContext, episodes: list[Episode]) -> list[Episode]:
-    """Every rank's `episodes`, rank by rank (this process's alone outside torchrun)."""
-    return [e for share in ctx.ranks.gather(episodes) for e in share]
-
-
 def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], batch: PPOBatch,
                   timings: dict[str, float], update_stats: dict[str, float]) -> dict:
     """The iteration's record: env statistics of every collected episode, the update's statistics (with
     the KL to the reference and the sampler's consistency), the batch's (data, critic fit), throughput and
-    timings."""
+    timings; every rank's, reduced from each rank's sums and counts (no episode or row crosses the ranks)."""
     generated, trained, errors = ctx.ranks.sum([sum(len(t.response_ids) for e in batch.episodes for t in e.turns),
                                                 float(batch.data["attention_mask"].sum()), len(ctx.collector.errors)])
     record = {"iteration": i, "phase": phase, "env/errors": int(errors),
-              **episode_metrics(everyones(ctx, episodes)), **update_stats,
+              **episode_metrics(episodes, ctx.ranks), **update_stats,
               **batch_metrics(batch, ctx.ranks),
               "perf/rollout_tokens_per_s": generated / timings["timing/rollout_s"],
               "perf/train_tokens_per_s": trained / (timings["timing/score_s"] + timings["timing/update_s"]),

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 
 def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
-    """Train ctx.critic only; returns its loss statistics and its final explained variance."""
+    """Train ctx.critic only; returns its loss statistics and its final explained variance (over every
+    rank's tokens)."""
     cfg, optim, stats = ctx.cfg, ctx.cfg.optim, Stats()
     for _ in range(cfg.critic.warmup_iters):
         for batch in batches:
@@ -31,6 +32,7 @@ def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
         score_batch(batch, ctx.pad_id, optim.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
         estimate_advantages(batch, cfg.ppo, ctx.ranks)
     metrics = stats.means("train/critic/")
-    values, returns = (sampled_tokens(batches, key, ctx.ranks) for key in ("values_old", "returns"))
-    metrics["train/critic/explained_variance"] = explained_variance(values, returns, torch.ones_like(values))
+    values, returns = (sampled_tokens(batches, key) for key in ("values_old", "returns"))
+    metrics["train/critic/explained_variance"] = explained_variance(values, returns, torch.ones_like(values),
+                                                                    total=ctx.ranks.sum)
     return metrics

@@ -1,0 +1,340 @@
+"""The one-command GPU check: what a developer runs when a GPU is lent; prints one JSON object.
+
+    python benchmarks/gpu_check.py            # CUDA: Qwen2.5-1.5B shape; meant to take under 10 minutes on one H100
+    python benchmarks/gpu_check.py --smoke    # CPU: the same code path on a tiny Qwen2 model (CI; also without a GPU)
+
+Four pieces (no vLLM on the lent machines: rollout.engine=hf throughout):
+1. the CUDA test file (tests/integration/test_cuda.py) in a pytest subprocess;
+2. the learner's log-probs (learner/scoring.token_logprobs) of the same rows in fp32 and under bf16
+   autocast (`precision("bf16")`), on a random Qwen2.5-1.5B-shaped model with the real Qwen2.5 tokenizer
+   (tests/qwen25_tokenizer.py, offline);
+3. two iterations of the real trainer on that model, as `horizonrl train configs/toy.yaml` under
+   `torchrun --nproc_per_node 1` runs them (the launch `horizonrl plan --gpus 1` models: FSDP2 on one
+   rank; hf engine, river env, PPO with actor, critic and reference): `train.context.start_run`, then
+   `train.loop.ppo_iteration`, once as a full fine-tune and once with `model.lora={r: 16}`, each in its
+   own process. Its peak memory is set against `horizonrl.plan.plan(cfg, gpus=1)` with the plan's row
+   length S set to the longest row the run trained on (the planner's own estimate of S is for long
+   multi-turn prompts);
+4. the update's model FLOPs utilisation.
+
+JSON keys:
+  device              torch.cuda.get_device_name(), or "cpu"
+  smoke               true: tiny model on the CPU (checks the code path, not the numbers)
+  model               {"parameters", "hidden_size", "num_hidden_layers", "vocab_size"} of the checked model
+  seconds             wall time of the whole check
+  cuda_tests          {"passed", "failed", "errors", "skipped", "seconds"} of the pytest run (+ "output", its
+                      tail, when it failed); null on the CPU or with --skip-tests
+  bf16_vs_fp32        {"mean_abs_diff", "max_abs_diff", "tokens", "fp32_logp_mean"}: |logp_bf16 - logp_fp32| over
+                      the scored tokens (random weights: logits are flatter than a trained model's)
+  config              {"recipe": "configs/toy.yaml", "overrides": [key=value given to both variants], "lora": the
+                      LoRA variant's one more}
+  variants            {"full": {...}, "lora": {...}}, each (or {"error", "output", "seconds"} when its process failed):
+      startup_s           start_run's seconds (load, shard, engine copy, optimizers)
+      iteration_s         each iteration's seconds (rollout + scoring + update + weight sync)
+      update_s            the last iteration's update seconds (learner.update.minibatch_updates, critic and actor)
+      trained_tokens      attended tokens x epochs x networks updated (2: critic and actor) in that update
+      rows, seq_len       rows of that batch and the longest one's tokens (the S given to the plan)
+      startup_peak_gib    peak device memory during start_run: torch.cuda.max_memory_allocated(); on the CPU the
+                          growth of peak RSS (VmHWM) over the RSS before start_run
+      peak_gib            the same over the iterations (the peak counter reset after start-up)
+      plan_startup_gib    Plan.startup (bytes per GPU at start-up)
+      plan_total_gib      Plan.total (bytes per GPU in steady state)
+      startup_ratio       startup_peak_gib / plan_startup_gib (<= 1: the planner is not short; with --smoke the
+                          ratios set host RSS, library buffers included, against planned GPU bytes: only finite)
+      peak_ratio          peak_gib / plan_total_gib
+      flops_per_token     6 x parameters (full fine-tune) or 4 x parameters (LoRA: the frozen weights get no
+                          weight gradient, so backward is ~2 x parameters a token, not 4)
+      update_mfu          flops_per_token x trained_tokens / update_s / peak bf16 FLOP/s of the GPU; null
+                          when the GPU is not in PEAK_BF16_FLOPS or on the CPU
+      metrics             the last iteration's record: losses, KL, rollout/learner log-prob gap, throughput
+  update_mfu          the full fine-tune's update_mfu (the headline number)
+
+Both variants use small batches (on a GPU rollout.n_env=16, ppo.e_len=4, rollout.max_tokens=16, one
+mini-batch of 64 rows in micro-batches of 8, 2 epochs) so that the whole check stays under 10 minutes on
+one H100. Options: `--set key=value` (repeatable) adds an override to both variants (e.g.
+dist.mixed_precision=true), `--iterations N` (default 2; the last one's update is timed), `--skip-tests`.
+Inner worker: `--worker full|lora` (launched by the check itself under torchrun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from xml.etree import ElementTree
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "configs" / "toy.yaml"
+CUDA_TESTS = ["tests/integration/test_cuda.py"]
+GIB = 2 ** 30
+
+# dense bf16 tensor-core peak FLOP/s (vendor data sheets), by a substring of torch.cuda.get_device_name();
+# the first match wins, so the more specific names come first
+PEAK_BF16_FLOPS = [
+    ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12),
+    ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("B200", 2250e12),
+]
+
+# Qwen2.5-1.5B-Instruct's config.json (hub), and a tiny model of the same family for --smoke; both keep the
+# real vocabulary, since they are used with the real Qwen2.5 tokenizer
+QWEN25_1_5B = {"vocab_size": 151936, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+               "num_attention_heads": 12, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+               "rope_theta": 1e6, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "bos_token_id": 151643,
+               "eos_token_id": 151645}
+QWEN2_TINY = {**QWEN25_1_5B, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+def peak_bf16_flops(device_name: str) -> float | None:
+    return next((flops for name, flops in PEAK_BF16_FLOPS if name in device_name), None)
+
+
+def build_model(folder: Path, dims: dict, device: torch.device):
+    """A random Qwen2 causal LM of `dims` and the Qwen2.5 tokenizer, saved (bf16 weights) to `folder`:
+    the `model.path` of the training runs. Returns (tokenizer, model) with the model in fp32 on `device`."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from qwen25_tokenizer import build_qwen_tokenizer
+
+    tokenizer = build_qwen_tokenizer()
+    torch.manual_seed(0)
+    with torch.device(device):                       # random init on the GPU: seconds, not a minute
+        model = AutoModelForCausalLM.from_config(Qwen2Config(**dims), dtype=torch.float32)
+    model.eval()
+    model.generation_config.eos_token_id = dims["eos_token_id"]
+    model.to(torch.bfloat16).save_pretrained(folder)   # in place: bf16 weights, as the hub's checkpoints are,
+    tokenizer.save_pretrained(folder)
+    return tokenizer, model.float()                      # back to fp32, the values the trainer loads
+
+
+def bf16_vs_fp32(tokenizer, model, rows: int = 8) -> dict:
+    """|log-prob under bf16 autocast - log-prob in fp32| of every token of `rows` chat prompts of different
+    lengths (right-padded, as the learner's rows are), through the learner's own token_logprobs."""
+    from horizonrl.learner.device import precision
+    from horizonrl.learner.scoring import token_logprobs
+    from horizonrl.samples.tensors import pad
+
+    texts = [[{"role": "user", "content": f"You are on stone {i} of 9. The river runs left. " * (1 + 3 * i)}]
+             for i in range(rows)]
+    ids = [tokenizer(tokenizer.apply_chat_template(t, tokenize=False, add_generation_prompt=True)).input_ids
+           for t in texts]
+    device = model.device
+    input_ids = pad(ids, tokenizer.pad_token_id, torch.long, device)
+    attention = pad([[1] * len(r) for r in ids], 0, torch.long, device)
+    mask = pad([[0] + [1] * (len(r) - 1) for r in ids], 0, torch.float32, device)
+    logp = {}
+    for name in ("fp32", "bf16"):
+        with precision(name), torch.no_grad():
+            logp[name] = token_logprobs(model, input_ids, attention, mask)[0].float()
+    scored = mask.bool()
+    diff = (logp["bf16"] - logp["fp32"])[scored].abs()
+    return {"mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()), "tokens": int(scored.sum()),
+            "fp32_logp_mean": float(logp["fp32"][scored].mean())}
+
+
+def run_cuda_tests() -> dict:
+    """pytest on the CUDA test file(s); counts from its JUnit XML."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "junit.xml"
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pytest", *CUDA_TESTS, "-q", "-p", "no:cacheprovider",
+                               f"--junitxml={report}"], check=False, cwd=ROOT, capture_output=True, text=True)
+        seconds = time.perf_counter() - started
+        if not report.is_file():
+            return {"passed": 0, "failed": None, "errors": None, "skipped": None, "seconds": seconds,
+                    "output": done.stdout[-2000:] + done.stderr[-2000:]}
+        suite = ElementTree.parse(report).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    result = {"passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+              "failed": counts["failures"], "errors": counts["errors"], "skipped": counts["skipped"],
+              "seconds": round(seconds, 1)}
+    if done.returncode != 0:
+        result["output"] = done.stdout[-3000:]
+    return result
+
+
+# ------------------------------------------------------------------------- one variant, in its own process
+
+class Memory:
+    """Peak memory of this process since `reset()`, net of what it held at `start()`: CUDA's allocator
+    counters on a GPU; on the CPU the resident set (VmHWM, reset through /proc/self/clear_refs)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    @staticmethod
+    def _status(key: str) -> int:
+        match = re.search(rf"^{key}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
+        return int(match.group(1)) * 1024
+
+    def start(self) -> None:
+        self.base = torch.cuda.memory_allocated() if self.cuda else self._status("VmRSS")
+        self.reset()
+
+    def reset(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            Path("/proc/self/clear_refs").write_text("5")       # VmHWM := VmRSS
+
+    def peak(self) -> int:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() - self.base
+        return self._status("VmHWM") - self.base
+
+
+def worker(args) -> None:
+    """One variant: start_run + `args.iterations` ppo_iterations of the real trainer on this rank (torchrun,
+    one process), timed and measured; writes its JSON to args.out."""
+    from horizonrl.config import load_config
+    from horizonrl.envs.pool import open_envs
+    from horizonrl.learner.device import precision
+    from horizonrl.learner.distributed import start_ranks, stop_ranks
+    from horizonrl.plan import plan
+    from horizonrl.train import loop
+    from horizonrl.train.checkpoint import StopSignals
+    from horizonrl.train.context import start_run
+
+    cfg = load_config(TOY, args.overrides)
+    updates = []
+    minibatch_updates = loop.minibatch_updates
+
+    def timed_updates(data, mini_batch_size, budget, epochs, generator, steps, ranks):
+        """The trainer's own update (critic and actor), timed, with the tokens it trains on."""
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        minibatch_updates(data, mini_batch_size, budget, epochs, generator, steps, ranks)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        updates.append({"update_s": time.perf_counter() - started,
+                        "trained_tokens": int(data["attention_mask"].sum()) * epochs * len(steps),
+                        "rows": int(data["input_ids"].shape[0]), "seq_len": int(data["input_ids"].shape[1])})
+
+    loop.minibatch_updates = timed_updates          # ppo_iteration looks it up in its module at each call
+    with precision(cfg.precision):                  # as train.loop.train does
+        ranks, device = start_ranks(cfg.dist, cfg.device)
+        if device.type == "cpu":
+            torch.set_num_threads(1)
+        torch.manual_seed(cfg.seed)
+        streams = ranks.share(cfg.rollout.n_env)
+        envs = open_envs(cfg.env.ids, cfg.env.kwargs, len(streams), cfg.env.workers, cfg.env.timeout_s,
+                         streams.start)
+        memory = Memory(device)
+        memory.start()
+        started = time.perf_counter()
+        with StopSignals() as signals:
+            ctx = start_run(cfg, envs, signals, None, ranks, device)
+            startup_s, startup_peak = time.perf_counter() - started, memory.peak()
+            memory.reset()
+            iteration_s, records = [], []
+            with ctx.metrics, contextlib.closing(ctx.engine), contextlib.closing(ctx.collector):
+                for i in range(1, args.iterations + 1):
+                    started = time.perf_counter()
+                    records.append(loop.ppo_iteration(ctx, i))
+                    iteration_s.append(time.perf_counter() - started)
+            peak = memory.peak()
+        for env in envs:
+            env.close()
+        stop_ranks(ranks)
+    last = updates[-1]
+    gpu_gib = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else 80.0
+    planned = plan(cfg, gpus=1, gpu_memory_gib=gpu_gib, seq_len=max(u["seq_len"] for u in updates))
+    flops_per_token = (6 if cfg.model.lora is None else 4) * planned.parameters
+    peak_flops = peak_bf16_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    result = {
+        "startup_s": round(startup_s, 2), "iteration_s": [round(s, 2) for s in iteration_s],
+        **{key: round(value, 4) if isinstance(value, float) else value for key, value in last.items()},
+        "startup_peak_gib": startup_peak / GIB, "peak_gib": peak / GIB,
+        "plan_startup_gib": planned.startup / GIB, "plan_total_gib": planned.total / GIB,
+        "startup_ratio": startup_peak / planned.startup, "peak_ratio": peak / planned.total,
+        "flops_per_token": flops_per_token,
+        "update_mfu": flops_per_token * last["trained_tokens"] / last["update_s"] / peak_flops if peak_flops else None,
+        "metrics": {key: value if math.isfinite(value) else None for key, value in records[-1].items()
+                    if key.startswith(("train/", "perf/", "rollout/", "timing/")) and isinstance(value, (int, float))},
+    }
+    Path(args.out).write_text(json.dumps(result))
+
+
+def run_variant(name: str, workdir: Path, overrides: list[str], iterations: int) -> dict:
+    """`python -m torch.distributed.run --nproc_per_node 1 gpu_check.py --worker NAME ...`: its JSON."""
+    out = workdir / f"{name}.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--standalone",
+               __file__, "--worker", name, "--out", str(out), "--iterations", str(iterations), "--", *overrides]
+    started = time.perf_counter()
+    done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0 or not out.is_file():
+        worker_output = (done.stdout + done.stderr).split("torch/distributed/elastic/multiprocessing/api.py")[0]
+        return {"error": f"exit {done.returncode}", "output": worker_output[-4000:],
+                "seconds": round(time.perf_counter() - started, 1)}
+    return json.loads(out.read_text())
+
+
+# ---------------------------------------------------------------------------------------------- the check
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU (the default without a GPU)")
+    parser.add_argument("--iterations", type=int, default=2, help="training iterations per variant")
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override for both training variants (repeatable)")
+    parser.add_argument("--skip-tests", action="store_true", help="leave out the CUDA test file")
+    parser.add_argument("--worker", choices=["full", "lora"], help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+
+    started = time.perf_counter()
+    smoke = args.smoke or not torch.cuda.is_available()
+    device = torch.device("cpu" if smoke else "cuda")
+    if smoke:
+        torch.set_num_threads(1)
+    result = {"device": "cpu" if smoke else torch.cuda.get_device_name(), "smoke": smoke}
+    result["cuda_tests"] = None if smoke or args.skip_tests else run_cuda_tests()   # before this process uses CUDA
+
+    with tempfile.TemporaryDirectory(prefix="gpu_check.") as tmp:
+        workdir, model_dir = Path(tmp), Path(tmp) / "model"
+        dims = QWEN2_TINY if smoke else QWEN25_1_5B
+        tokenizer, model = build_model(model_dir, dims, device)
+        result["model"] = {"parameters": sum(p.numel() for p in model.parameters()),
+                           **{key: dims[key] for key in ("hidden_size", "num_hidden_layers", "vocab_size")}}
+        result["bf16_vs_fp32"] = bf16_vs_fp32(tokenizer, model)
+        del model
+        if not smoke:
+            torch.cuda.empty_cache()                # the variants' processes get the whole GPU
+
+        # 64 rows of ~260 tokens on a GPU, in micro-batches of 8: `plan` puts the full fine-tune at ~70 GiB
+        n_env, e_len, rows = (2, 2, 4) if smoke else (16, 4, 8)
+        common = [f"model.path={model_dir}", "model.warm_start=null", f"device={device.type}", "precision=auto",
+                  "rollout.engine=hf", f"rollout.n_env={n_env}", f"ppo.e_len={e_len}", "rollout.max_tokens=16",
+                  f"optim.mini_batch_size={n_env * e_len}", f"optim.micro_batch_size={rows}", "optim.epochs=2",
+                  "report_to=[jsonl]", f"output_dir={workdir / 'runs'}", *args.extra]
+        result["config"] = {"recipe": str(TOY.relative_to(ROOT)), "overrides": common, "lora": "model.lora={r: 16}"}
+        result["variants"] = {
+            "full": run_variant("full", workdir, common, args.iterations),
+            "lora": run_variant("lora", workdir, [*common, result["config"]["lora"]], args.iterations),
+        }
+    result["update_mfu"] = result["variants"]["full"].get("update_mfu")
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
