@@ -426,8 +426,9 @@ def startup_bytes(arch: Architecture, cfg: TrainConfig, components: dict[str, in
     LoRA critic's copy) on rank 0's host."""
     stored = sum(components[key] for key in ("actor_params", "critic_params", "reference_params",
                                              "engine_weights", "vllm_reservation"))
-    largest = max(prod(p.shape) for p in policy_network(arch, None).root + policy_network(arch, None).layer)
-    policy = parameter_count(policy_network(arch, None)) * FP32
+    network = policy_network(arch, None)
+    largest = max(prod(p.shape) for p in network.root + network.layer)
+    policy = parameter_count(network) * FP32
     copies = 2 if cfg.model.lora is not None and cfg.algorithm == "ppo" else 1
     return stored + 2 * largest * FP32, copies * policy
 

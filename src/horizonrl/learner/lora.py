@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor, nn
 
 from horizonrl.config import LoRAConfig
@@ -56,9 +57,18 @@ def add_critic_lora(critic: nn.Module, lora: LoRAConfig) -> nn.Module:
     return critic
 
 
-def add_adapters(actor: nn.Module, critic: nn.Module | None, lora: LoRAConfig) -> tuple[PeftModel, nn.Module | None]:
-    """(actor, critic) of a LoRA run: `add_lora` on the actor, `add_critic_lora` on the critic (None: none)."""
-    return add_lora(actor, lora), add_critic_lora(critic, lora) if critic is not None else None
+def add_adapters(actor: nn.Module, critic: nn.Module | None, lora: LoRAConfig, seed: int
+                 ) -> tuple[PeftModel, nn.Module | None]:
+    """(actor, critic) of a LoRA run: `add_lora` on the actor, `add_critic_lora` on the critic (None: none).
+    The initial adapters are drawn under `seed` alone, so they are the same on every rank and at every
+    world size; both networks come back in eval mode (PEFT leaves what it wraps in train mode)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        actor, critic = add_lora(actor, lora), add_critic_lora(critic, lora) if critic is not None else None
+    for model in (actor, critic):
+        if model is not None:
+            model.eval()
+    return actor, critic
 
 
 def is_peft(model: nn.Module) -> bool:

@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from horizonrl.config import ConfigError
 from horizonrl.learner.gguf import PACKAGED_GGUF, gguf_folder, packaged_gguf
+from horizonrl.learner.lora import merged_parameters
 
 
 BUILTIN = "builtin:"
@@ -119,6 +120,26 @@ def stop_ids(tokenizer, model) -> tuple[int, ...]:
 def frozen_copy(model: nn.Module) -> nn.Module:
     """The reference policy: a copy of the initial actor with gradients off."""
     return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def engine_copy(actor: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
+    """The whole policy an hf engine samples from when it cannot share the actor (a LoRA or a sharded run),
+    in `dtype` on `device`, refreshed after every update (train/loop.sync_engine). Allocated empty, then
+    filled one whole tensor at a time from `actor` (plain, PEFT-wrapped or FSDP2-sharded: under torchrun
+    every rank calls, in the same order), adapters merged (learner/lora.merged_parameters)."""
+    base = actor.get_base_model() if hasattr(actor, "get_base_model") else actor
+    with torch.device("meta"):
+        engine = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
+    engine.generation_config = base.generation_config
+    engine.to_empty(device=device)
+    engine.tie_weights()                  # to_empty gives each name a tensor of its own
+    own, buffers = engine.state_dict(), dict(base.named_buffers())
+    with torch.no_grad():
+        for name, tensor in merged_parameters(actor):
+            own[name].copy_(tensor)
+        for name, buffer in engine.named_buffers():
+            buffer.copy_(buffers[name])
+    return engine.eval().requires_grad_(False)
 
 
 class ValueModel(nn.Module):

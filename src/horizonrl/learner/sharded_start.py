@@ -10,8 +10,8 @@
     the reference: the actor's skeleton in the compute dtype (bf16 under dist.mixed_precision: it is
             frozen and only ever read in bf16), filled from the same tensors; with LoRA, the actor with
             its adapters disabled (no copy)
-    the hf engine's whole copy (a rank samples alone): a skeleton in the engine's dtype, filled from
-            the sharded actor one gathered tensor at a time (learner/lora.merged_parameters)
+    the hf engine's whole copy (a rank samples alone): learner/models.engine_copy, filled from the
+            sharded actor one gathered tensor at a time
 
 Peak memory: a device holds its shards and the engine copy; rank 0's CPU memory also holds the
 initial policy (and, with LoRA, the critic's copy) until the shards are filled (`horizonrl plan`
@@ -24,20 +24,12 @@ import copy
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    set_model_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from horizonrl.config import TrainConfig
 from horizonrl.learner.distributed import Ranks, shard
-from horizonrl.learner.lora import (
-    AdaptersOff,
-    add_adapters,
-    freeze_base_in,
-    merged_parameters,
-)
+from horizonrl.learner.lora import AdaptersOff, add_adapters, freeze_base_in
 from horizonrl.learner.models import ValueModel
 from horizonrl.learner.scoring import register_sharded_logprobs
 
@@ -56,7 +48,7 @@ def sharded_networks(cfg: TrainConfig, policy: nn.Module | None, ranks: Ranks, d
     sources = initial_sources(cfg, policy, critic is not None) if ranks.is_main else (None, None)
     if cfg.model.lora is not None:
         with torch.device("meta"):
-            actor, critic = add_adapters(actor, critic, cfg.model.lora)
+            actor, critic = add_adapters(actor, critic, cfg.model.lora, cfg.seed)
         reference = AdaptersOff(actor)
         if cfg.dist.mixed_precision:
             for model in (actor, critic):
@@ -85,9 +77,7 @@ def initial_sources(cfg: TrainConfig, policy: nn.Module, with_critic: bool) -> t
     if cfg.model.lora is None:
         return policy, ValueModel(policy.base_model, policy.config.hidden_size) if with_critic else None
     critic = ValueModel.from_policy(policy) if with_critic else None
-    with torch.random.fork_rng():        # the same initial adapters on every rank and every world size
-        torch.manual_seed(cfg.seed)
-        return add_adapters(policy, critic, cfg.model.lora)
+    return add_adapters(policy, critic, cfg.model.lora, cfg.seed)
 
 
 def fill_from_rank0(model: nn.Module, source: nn.Module | None, ranks: Ranks, device: torch.device) -> None:
@@ -101,21 +91,3 @@ def fill_from_rank0(model: nn.Module, source: nn.Module | None, ranks: Ranks, de
             buffer.copy_(buffers[name])
     state = source.state_dict() if ranks.is_main else {}
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-
-
-def engine_copy_from(actor: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
-    """A whole copy of the sharded `actor` (adapters merged) for the hf engine, in `dtype` on `device`:
-    allocated empty, then filled one gathered tensor at a time (every rank calls, in the same order)."""
-    base = actor.get_base_model() if hasattr(actor, "get_base_model") else actor
-    with torch.device("meta"):
-        engine = AutoModelForCausalLM.from_config(base.config, dtype=dtype)
-    engine.generation_config = base.generation_config
-    engine.to_empty(device=device)
-    engine.tie_weights()                  # to_empty gives each name a tensor of its own
-    own, buffers = engine.state_dict(), dict(base.named_buffers())
-    with torch.no_grad():
-        for name, tensor in merged_parameters(actor):
-            own[name].copy_(tensor)
-        for name, buffer in engine.named_buffers():
-            buffer.copy_(buffers[name])
-    return engine.eval().requires_grad_(False)

@@ -17,7 +17,6 @@ The iteration functions (train/loop.py) read and change only what the context ho
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -33,22 +32,16 @@ from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import autocast_dtype, resolve_device
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.lora import AdaptersOff, add_adapters, merged_parameters
-from horizonrl.learner.models import ValueModel, frozen_copy, load_policy, pad_token_id
-from horizonrl.learner.sharded_start import engine_copy_from, sharded_networks
+from horizonrl.learner.models import ValueModel, engine_copy, frozen_copy, load_policy, pad_token_id
+from horizonrl.learner.sharded_start import sharded_networks
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
 from horizonrl.report.sinks import MetricsSinks
 from horizonrl.rollout.collector import Collector
 from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
-from horizonrl.train.checkpoint import (
-    Checkpointer,
-    ResumePoint,
-    StopSignals,
-    TrainingState,
-    initial_policy_path,
-    save_checkpoint,
-)
+from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
+                                        save_checkpoint)
 from horizonrl.train.tasks import build_tiny_for_task, task_collector, task_warm_start
 from horizonrl.train.warm_start import build_tiny_for_envs, format_warm_start
 
@@ -98,7 +91,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     if ranks.distributed:
         actor, critic, reference = sharded_networks(cfg, policy, ranks, device)
         del policy                          # rank 0's whole copy goes before the engine's comes
-        sampled = engine_copy_from(actor, autocast_dtype(device) or torch.float32, device) \
+        sampled = engine_copy(actor, autocast_dtype(device) or torch.float32, device) \
             if cfg.rollout.engine == "hf" else actor
     else:
         actor, critic, reference, sampled = local_networks(cfg, policy, device)
@@ -148,16 +141,12 @@ def local_networks(cfg: TrainConfig, actor: PreTrainedModel, device: torch.devic
     reference the actor with its adapters disabled (the hf engine then samples from a merged copy).
     Every network in eval mode: dropout off, so the sampler and the learner compute the same function."""
     actor.eval()
-    sampled = engine_copy(actor, device) if cfg.model.lora is not None and cfg.rollout.engine == "hf" else actor
+    hf_copy = cfg.model.lora is not None and cfg.rollout.engine == "hf"
+    sampled = engine_copy(actor, autocast_dtype(device) or torch.float32, device) if hf_copy else actor
     critic = ValueModel.from_policy(actor).eval() if cfg.algorithm == "ppo" else None
     if cfg.model.lora is None:
         return actor, critic, frozen_copy(actor), sampled
-    with torch.random.fork_rng():            # the same initial adapters as every world size (sharded_start.py)
-        torch.manual_seed(cfg.seed)
-        actor, critic = add_adapters(actor, critic, cfg.model.lora)
-    for model in (actor, critic):            # PEFT leaves the models it wraps in train mode
-        if model is not None:
-            model.eval()
+    actor, critic = add_adapters(actor, critic, cfg.model.lora, cfg.seed)
     return actor, critic, AdaptersOff(actor), sampled
 
 
@@ -194,12 +183,6 @@ def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device
 def trainable(model: nn.Module) -> list[nn.Parameter]:
     """The parameters an optimizer steps: all of them, or the adapters (and value head) of a LoRA run."""
     return [p for p in model.parameters() if p.requires_grad]
-
-
-def engine_copy(actor: PreTrainedModel, device: torch.device) -> PreTrainedModel:
-    """The whole policy an engine samples from when it cannot share the actor (a sharded or a LoRA run;
-    bf16 on a GPU), refreshed after every update (train/loop.sync_engine: gathered, adapters merged)."""
-    return copy.deepcopy(actor).to(autocast_dtype(device) or torch.float32).eval().requires_grad_(False)
 
 
 def build_policy(cfg: TrainConfig, device: torch.device) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:

@@ -39,7 +39,7 @@ def export(target: Path, out: Path) -> Path:
     tokenizer, actor = load_policy(initial_policy_path(cfg, run), torch.device("cpu"))
     critic = ValueModel.from_policy(actor) if has_entry(folder, "critic") else None
     if cfg.model.lora is not None:                    # a LoRA run saved PEFT's names
-        actor, critic = add_adapters(actor, critic, cfg.model.lora)
+        actor, critic = add_adapters(actor, critic, cfg.model.lora, cfg.seed)
     load_entries(folder, {"actor": actor, **({"critic": critic} if critic is not None else {})})
     return save_checkpoint(out, actor, tokenizer, critic)
 
