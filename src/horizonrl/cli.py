@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("train", "sft"):
         from horizonrl.engines.retry import EngineError
-        from horizonrl.train.checkpoint import CheckpointError, TrainingStopped, resume_config
+        from horizonrl.rollout.failures import RolloutsFailed
+        from horizonrl.train.checkpoint import CheckpointError, StoppedBeforeCheckpoint, TrainingStopped, resume_config
 
         config_path = args.args[0] if args.args and "=" not in args.args[0] else None
         overrides = args.args[1:] if config_path else args.args
@@ -139,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         except CheckpointError as error:
             print(f"horizonrl: cannot resume: {error}", file=sys.stderr)
             return 2
-        except EngineError as error:         # retried with back-off and still failing
+        except (EngineError, RolloutsFailed) as error:   # retried and still failing; every rollout of a batch failed
             print(f"horizonrl: {error}", file=sys.stderr)
             return 1
-        except TrainingStopped as stopped:   # a signal: the run saved a checkpoint and stopped
+        except (TrainingStopped, StoppedBeforeCheckpoint) as stopped:   # a signal: the run stopped (and saved)
             print(f"horizonrl: {stopped}", file=sys.stderr)
             return 128 + stopped.signum
         print(f"run folder: {run_dir}")

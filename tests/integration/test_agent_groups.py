@@ -1,9 +1,16 @@
 """Agents we did not write, through the gateway: the example OpenAI agent's calls become episodes whose
 merged rows split nowhere, an agent that re-renders its history is split and classified, and every way an
-agent can fail is counted and dropped, never a silent zero. The model is the exact Qwen2.5 tokenizer's with
-a scripted engine (the arithmetic task's teacher) standing in for the policy, so the calls are known."""
+agent can fail is counted and dropped, never a silent zero: a batch's failures are one warning by cause. The
+model is the exact Qwen2.5 tokenizer's with a scripted engine (the arithmetic task's teacher) standing in for
+the policy, so the calls are known.
+
+From the command line, with a tiny model: the recipe trains (each iteration's record counting the gateway's
+requests); an agent that always fails ends the warm start with one message naming the cause, no run folder
+made; one that fails from the second iteration on ends the run there, its last checkpoint kept; one whose
+merged rows mostly split is told why, once (tests/integration/misbehaving_agents.py)."""
 
 import asyncio
+import json
 import logging
 import math
 import re
@@ -13,10 +20,12 @@ import httpx
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
+from horizonrl.cli import main
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine
 from horizonrl.gateway import Gateway, Recorder
 from horizonrl.gateway.agent_groups import AgentGroupCollector, RunSampling
+from horizonrl.report.metrics import read_metrics
 from horizonrl.samples.merge import merge_turns
 from horizonrl.tasks import arithmetic
 from horizonrl.tools.registry import import_target
@@ -38,6 +47,11 @@ def run(tokenizer, agent, tasks, **kwargs):
         return groups.run(tasks), groups.errors
     finally:
         groups.close()
+
+
+def warnings(caplog) -> list[str]:
+    """The warnings horizonrl logged."""
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("horizonrl")]
 
 
 def test_the_example_agent_becomes_merged_episodes_with_no_split(qwen_tokenizer, caplog):
@@ -171,16 +185,57 @@ def echo_engine(tokenizer):
 
 
 @pytest.mark.parametrize("agent,error", [
-    (raises, "the agent raised RuntimeError: agent bug"), (sleeps, "the agent timed out after 0.5 s"),
-    (never_calls, "the agent made no model call"), (no_reward, "the agent returned no reward and posted none"),
-    (nan_reward, "the agent returned a reward that is not a finite number: nan"),
-    (not_async, "the agent raised TypeError: task.agent must be an `async def` function: it returned float, not a "
+    (raises, "agent raised RuntimeError: agent bug"), (sleeps, "agent timed out after 0.5 s"),
+    (never_calls, "agent made no model call"), (no_reward, "agent returned no reward and posted none"),
+    (nan_reward, "agent returned a reward that is not a finite number: nan"),
+    (not_async, "agent raised TypeError: task.agent must be an `async def` function: it returned float, not a "
                 "coroutine")])
 def test_a_failed_agent_is_counted_and_left_out_of_its_group(qwen_tokenizer, agent, error):
     tasks = [arithmetic.make_task(0)]
     episodes, errors = run(qwen_tokenizer, agent, tasks, timeout_s=0.5, engine=echo_engine(qwen_tokenizer))
-    assert errors == [f"arithmetic/seed0/rollout{k}: {error}" for k in range(2)]
-    assert all(e.metrics == {"error": error.removeprefix("the ")} and e.outcome_reward is None for e in episodes)
+    assert errors == [error, error]                           # the cause, the same for each: no episode id
+    assert all(e.metrics == {"error": error} and e.outcome_reward is None for e in episodes)
+
+
+CAUSES = {1: "no tool", 3: "no tool", 9: "no tool", 5: "tool is down", 11: "tool is down", 7: "quota exceeded"}
+
+
+async def fails_on_odd_seeds(task, base_url):
+    if task["seed"] in CAUSES:
+        raise RuntimeError(CAUSES[task["seed"]])
+    return await nan_reward(task, base_url)
+
+
+def test_a_batchs_failures_are_one_warning_by_cause_the_most_common_first(qwen_tokenizer, caplog):
+    """11 tasks x 2 rollouts, all failing: 10 return nan (even seeds), 6 raise "no tool", 4 "tool is down", 2
+    "quota exceeded". Each failure is a DEBUG line naming its rollout; the batch's are one warning."""
+    tasks = [arithmetic.make_task(seed) for seed in [0, 2, 4, 6, 8, *CAUSES]]
+    with caplog.at_level(logging.DEBUG, logger="horizonrl"):
+        episodes, errors = run(qwen_tokenizer, fails_on_odd_seeds, tasks, engine=echo_engine(qwen_tokenizer))
+    assert len(episodes) == len(errors) == 22
+    assert warnings(caplog) == [
+        "22 of 22 rollouts dropped from their groups: agent returned a reward that is not a finite number: nan (10); "
+        "agent raised RuntimeError: no tool (6); agent raised RuntimeError: tool is down (4); 2 more of 1 other cause"]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "dropped" in r.getMessage()]
+    assert len(debug) == 22
+    assert "arithmetic/seed7/rollout1 dropped from its group: the agent raised RuntimeError: quota exceeded" in debug
+
+
+def test_the_gateways_counts_are_those_of_the_last_batch(qwen_tokenizer):
+    """Each rollout of `posts_its_reward` makes 2 model calls and posts a reward: 3 requests."""
+    groups = collector(qwen_tokenizer, posts_its_reward, [arithmetic.make_task(0)], group_size=2,
+                       engine=echo_engine(qwen_tokenizer))
+    counts = []
+    try:
+        for _ in range(2):
+            groups.collect()
+            counts.append(groups.counts)
+    finally:
+        groups.close()
+    for batch in counts:
+        assert batch["gateway/requests"] == 6 and batch["gateway/errors"] == batch["gateway/server_errors"] == 0
+        assert set(batch) >= {"gateway/requests", "gateway/errors", "gateway/server_errors",
+                              "gateway/tool_call_parse_failures"}
 
 
 class SlowEngine(ScriptedEngine):
@@ -212,7 +267,7 @@ def test_a_timed_out_agents_generation_is_over_when_collect_returns(qwen_tokeniz
         in_flight, finished = engine.in_flight, engine.finished
     finally:
         groups.close()
-    assert groups.errors == ["arithmetic/seed0/rollout0: the agent timed out after 0.3 s"]
+    assert groups.errors == ["agent timed out after 0.3 s"]
     assert episodes[0].turns == [] and (in_flight, finished) == (0, 1)
 
 
@@ -253,15 +308,16 @@ def test_training_samples_at_the_runs_temperature_whatever_the_agent_asks(qwen_t
     assert errors == [] and [(p.temperature, p.top_p, p.max_tokens) for p in engine.seen] == [(1.0, 1.0, 8)]
 
 
-@pytest.mark.parametrize("algorithm,samples", [("grpo", "merged"), ("gigpo", "per_turn")])
-def test_the_openai_agent_recipe_trains_two_iterations_from_the_command_line(tmp_path, algorithm, samples):
-    from horizonrl.cli import main
-    from horizonrl.report.metrics import read_metrics
+RECIPE = "configs/arithmetic_openai_agent.yaml"
+AGENTS = "tests/integration/misbehaving_agents.py"
+SMALL = ["group.n_tasks=2", "group.group_size=4", "model.warm_start.steps=30", "model.warm_start.iterations=1",
+         "device=cpu"]     # 8 rollouts a batch; the warm start's teacher plays batches of 8 tasks
 
-    recipe = "configs/arithmetic_openai_agent.yaml"
-    assert open(recipe).readline() == f"# horizonrl train {recipe}\n"
-    assert main(["train", recipe, "iterations=2", "group.n_tasks=2", "group.group_size=4", "model.warm_start.steps=30",
-                 "model.warm_start.iterations=1", f"algorithm={algorithm}", f"samples={samples}", "device=cpu",
+
+@pytest.mark.parametrize("algorithm,samples", [("grpo", "merged"), ("gigpo", "per_turn")])
+def test_the_openai_agent_recipe_trains_two_iterations_from_the_command_line(tmp_path, algorithm, samples, caplog):
+    assert open(RECIPE).readline() == f"# horizonrl train {RECIPE}\n"
+    assert main(["train", RECIPE, "iterations=2", *SMALL, f"algorithm={algorithm}", f"samples={samples}",
                  f"output_dir={tmp_path}", "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -271,3 +327,62 @@ def test_the_openai_agent_recipe_trains_two_iterations_from_the_command_line(tmp
         assert "train/actor/pg_loss" in record and record["rollout/logprob_abs_diff"] < 1e-4
         assert ("data/merge/turns" in record) == (samples == "merged")
         assert ("gigpo/anchored_step_frac" in record) == (algorithm == "gigpo")
+        # the iteration's gateway counts: a call per turn, none refused, its tool-call parse failures the turns'
+        assert record["gateway/requests"] == record["env/turns"]
+        assert record["gateway/errors"] == record["gateway/server_errors"] == 0
+        assert record["gateway/tool_call_parse_failures"] == record["rollout/tool_call_parse_failures"]
+    assert "split" not in caplog.text                           # merged rows split nowhere: nothing to explain
+
+
+def test_an_agent_that_always_fails_ends_the_warm_start_with_one_message_naming_the_cause(tmp_path, capsys, caplog):
+    """Before, the warm start logged a warning per dropped rollout, then failed in supervised_finetune with
+    `RuntimeError: random_ expects 'from' to be less than 'to'` (zero demonstration rows)."""
+    assert main(["train", RECIPE, f"task.agent={AGENTS}:always_fails", *SMALL, f"output_dir={tmp_path}",
+                 "--quiet"]) == 1
+    assert capsys.readouterr().err == (
+        "horizonrl: every teacher rollout of the warm start's first batch failed (8 of 8), so there is nothing to "
+        "learn from (the scripted teacher answered every call: the agent fails on its own, or its requests do); "
+        "nothing was saved; the failures, most common first:\n"
+        "  agent raised RuntimeError: the agent's search tool is down (8)\n")
+    assert warnings(caplog) == [      # one for the batch, none per rollout
+        "8 of 8 rollouts dropped from their groups: agent raised RuntimeError: the agent's search tool is down (8)"]
+    assert not list(tmp_path.iterdir())                         # no run folder
+
+
+def test_an_iteration_whose_rollouts_all_fail_ends_the_run_and_keeps_the_last_checkpoint(tmp_path, capsys, caplog):
+    """Iteration 1 trains and saves its checkpoint; every rollout of iteration 2 fails: the run ends with one
+    message, and nothing is saved on the way out (no new checkpoint, no final model)."""
+    assert main(["train", RECIPE, f"task.agent={AGENTS}:fails_from_the_second_batch", *SMALL, "iterations=3",
+                 "save_every=1", f"output_dir={tmp_path}", "--quiet"]) == 1
+    (run,) = tmp_path.iterdir()
+    assert capsys.readouterr().err == (
+        "horizonrl: iteration 2: every episode of the batch failed (8 of 8), so the update has no rows to train on; "
+        "the failures, most common first:\n"
+        "  agent raised RuntimeError: the agent's search tool is down (8)\n"
+        f"The run folder {run} keeps its last checkpoint, iter_000001; nothing was saved on the way out. Once the "
+        f"cause is fixed, continue with:\n    horizonrl train --resume {run}\n")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["iter_000001"]
+    assert json.loads((run / "checkpoints/iter_000001/training_state.json").read_text())["iteration"] == 1
+    assert not (run / "checkpoint").exists()
+    assert [r["iteration"] for r in read_metrics(run / "metrics.jsonl")] == [1]
+    assert warnings(caplog) == [      # one for the batch, none per rollout
+        "8 of 8 rollouts dropped from their groups: agent raised RuntimeError: the agent's search tool is down (8)"]
+
+
+def test_a_run_whose_merged_rows_mostly_split_is_told_why_once(tmp_path, caplog):
+    """The agent sends its tool calls back as assistant text (as smolagents does): every second call of an
+    episode re-renders the first one's answer, so it splits, in both iterations; the run is told once. (The
+    tiny tokenizer has no special tokens for tool calls, so the texts differ: `other` splits. Qwen's
+    <tool_call> is one: `template`.) A warm start of 100 steps makes the model call the tool."""
+    assert main(["train", RECIPE, f"task.agent={AGENTS}:sends_tool_calls_as_text", *SMALL, "iterations=2",
+                 "model.warm_start.steps=100", f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run,) = tmp_path.iterdir()
+    records = read_metrics(run / "metrics.jsonl")
+    assert all(r["data/merge/split_other"] > r["data/merge/merged"] for r in records), records
+    (told,) = [r.getMessage() for r in caplog.records if r.name == "horizonrl.train.loop"]
+    split = sum(records[0][f"data/merge/split_{name}"] for name in ("template", "retoken", "other", "length"))
+    assert told.startswith(f"iteration 1: {split} of the {split + records[0]['data/merge/merged']} turns that could "
+                           f"have merged into their episode's row started a row of their own, "
+                           f"{records[0]['data/merge/split_other']} of them `other` splits: the agent changes its "
+                           "history's text between calls"), told
+    assert "What to do: send the model's messages back unchanged (tool calls as `tool_calls` messages)" in told

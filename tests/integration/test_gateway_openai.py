@@ -12,10 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from integration.gateway_process import gateway_process
+from integration.test_constrained_decoding import is_json
 
+from horizonrl.engines.hf import HFEngine
 from horizonrl.engines.scripted import ScriptedEngine
 from horizonrl.gateway import Gateway, GatewayThread
-from horizonrl.learner.models import resolve_model_path
+from horizonrl.learner.models import load_policy, resolve_model_path, stop_ids
 
 MODEL = "builtin:babyai-tiny"
 MESSAGES = [{"role": "system", "content": "You play BabyAI."}, {"role": "user", "content": "go to the red ball"}]
@@ -208,3 +210,120 @@ def test_a_malformed_tool_call_comes_back_as_content_and_is_counted(tool_gateway
     assert gateway.stats["tool_call_parse_failures"] == before + 1
     (call,) = gateway.recorder.take("malformed").calls
     assert call.tool_call_parse_failed   # and so the turn's, counted in rollout/tool_call_parse_failures
+
+
+RESPONSES_TOOLS = [{"type": "function", **TOOLS[0]["function"]}]
+
+
+def rollout_client(client, rollout_id, **options):
+    return openai.OpenAI(base_url=f"{client.base_url}".replace("/v1", f"/rollouts/{rollout_id}/v1"), api_key="-",
+                         **options)
+
+
+def test_the_responses_api_round_trip_records_rows_that_extend(tool_gateway, tokenizer):
+    """openai's `responses.create`: a function call out, its output back under previous_response_id; the
+    second call's prompt is the chat template's rendering of the whole conversation, and it extends the
+    first call's prompt + response, so the rollout trains as one merged row."""
+    gateway, client = tool_gateway
+    gateway.recorder.issue("responses")
+    rollout = rollout_client(client, "responses")
+    first = rollout.responses.create(model="any", instructions="You add.", input="add 1 and 2", tools=RESPONSES_TOOLS)
+    message, call = first.output
+    assert first.status == "completed" and message.content[0].text == "I will add."
+    assert call.type == "function_call" and call.name == "add" and json.loads(call.arguments) == {"a": 1, "b": 2}
+    second = rollout.responses.create(model="any", instructions="You add.", previous_response_id=first.id,
+                                      tools=RESPONSES_TOOLS,
+                                      input=[{"type": "function_call_output", "call_id": call.call_id, "output": "3"}])
+    assert second.usage.input_tokens == len(second.model_extra["prompt_token_ids"])
+    a, b = gateway.recorder.take("responses").calls
+    assert b.prompt_ids[:len(a.prompt_ids) + len(a.response_ids)] == a.prompt_ids + a.response_ids
+    conversation = [{"role": "system", "content": "You add."}, {"role": "user", "content": "add 1 and 2"},
+                    {"role": "assistant", "content": "I will add.", "tool_calls": [
+                        {"type": "function", "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]},
+                    {"role": "tool", "content": "3"}]
+    assert b.prompt_ids == template_ids(tokenizer, conversation, TOOLS)
+    assert a.response_ids == first.model_extra["token_ids"] and a.messages[0] == conversation[0]
+
+
+def test_the_responses_api_streamed(tool_gateway):
+    _, client = tool_gateway
+    events = list(client.responses.create(model="any", input="add", tools=RESPONSES_TOOLS, stream=True))
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert [e.delta for e in events if e.type == "response.output_text.delta"] == ["I will add."]
+    (arguments,) = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert json.loads(arguments.arguments) == {"a": 1, "b": 2}
+    assert [item.type for item in events[-1].response.output] == ["message", "function_call"]
+
+
+def test_unknown_routes_list_the_served_ones_and_max_tokens_is_capped_when_training(tokenizer):
+    gateway = Gateway(ScriptedEngine(tokenizer, lambda prompt: "ok"), tokenizer, "scripted", 2048,
+                      (tokenizer.eos_token_id,), max_tokens_limit=8, cap_max_tokens=True)
+    thread = GatewayThread(gateway)
+    url = thread.start()
+    try:
+        missing = httpx.post(f"{url}/v1/assistants", json={})
+        assert missing.status_code == 404
+        assert "POST /v1/responses" in missing.json()["error"]["message"]
+        assert "POST /rollouts/{rollout_id}/v1/chat/completions" in missing.json()["error"]["message"]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="-")
+        for _ in range(2):
+            client.chat.completions.create(model="any", messages=MESSAGES, max_tokens=256)
+        assert gateway.stats["max_tokens_capped"] == 2 and gateway.stats["errors"] == 1
+    finally:
+        thread.stop()
+
+
+ANSWER_SCHEMA = {"type": "object", "properties": {"action": {"enum": ["turn left", "turn right", "go forward"]},
+                                                  "done": {"type": "boolean"}},
+                 "required": ["action", "done"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def model_gateway(tokenizer):
+    """An in-process gateway over the tiny BabyAI policy sampled by the hf engine."""
+    tokenizer, model = load_policy(MODEL, torch.device("cpu"))
+    gateway = Gateway(HFEngine(model, tokenizer.pad_token_id, tokenizer=tokenizer), tokenizer, MODEL, 2048,
+                      stop_ids(tokenizer, model))
+    thread = GatewayThread(gateway)
+    url = thread.start()
+    yield openai.OpenAI(base_url=f"{url}/v1", api_key="-")
+    thread.stop()
+
+
+def test_structured_output_is_always_valid_json_of_the_schema(model_gateway):
+    """64 sampled answers of the tiny policy under a json_schema response format all parse and match the schema
+    (an enum and a boolean: checked by hand); unconstrained, none of 64 is JSON at all."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "step", "schema": ANSWER_SCHEMA, "strict": True}}
+    constrained = [choice.message.content for _ in range(8) for choice in model_gateway.chat.completions.create(
+        model="any", messages=MESSAGES, n=8, max_tokens=64, response_format=response_format).choices]
+    answers = [json.loads(text) for text in constrained]
+    assert len(answers) == 64 and all(set(a) == {"action", "done"} and a["action"] in ANSWER_SCHEMA["properties"][
+        "action"]["enum"] and isinstance(a["done"], bool) for a in answers)
+    assert all(text == json.dumps(answer) for text, answer in zip(constrained, answers, strict=True))   # as json.dumps writes it
+    free = [choice.message.content for _ in range(8) for choice in model_gateway.chat.completions.create(
+        model="any", messages=MESSAGES, n=8, max_tokens=64).choices]
+    assert sum(is_json(text) for text in free) == 0
+    text_format = {"format": {"type": "json_schema", "name": "step", "schema": ANSWER_SCHEMA, "strict": True}}
+    assert set(json.loads(model_gateway.responses.create(model="any", input="go", text=text_format).output_text)) == {
+        "action", "done"}
+
+
+def test_a_forced_tool_call_always_comes_back_as_a_call(model_gateway):
+    """tool_choice "required" or named: every one of 16 sampled answers of the tiny policy is one call whose
+    arguments match its tool's parameters (enums and booleans: with a number, a tiny model writes digits until
+    max_tokens runs out)."""
+    look = {"type": "object", "properties": {"far": {"type": "boolean"}}, "required": ["far"]}
+    tools = [{"type": "function", "function": {"name": "step", "parameters": ANSWER_SCHEMA}},
+             {"type": "function", "function": {"name": "look", "parameters": look}}]
+    named = {"type": "function", "function": {"name": "look"}}
+    calls = []
+    for tool_choice in ("required", named):
+        response = model_gateway.chat.completions.create(model="any", messages=MESSAGES, tools=tools, n=8,
+                                                         max_tokens=160, tool_choice=tool_choice)
+        assert {choice.finish_reason for choice in response.choices} == {"tool_calls"}
+        calls += [(tool_choice, *choice.message.tool_calls) for choice in response.choices]
+    for tool_choice, call in calls:
+        arguments = json.loads(call.function.arguments)
+        assert set(arguments) == ({"far"} if call.function.name == "look" else {"action", "done"})
+        assert call.function.name == "look" or tool_choice == "required"
+

@@ -156,3 +156,21 @@ def test_sft_on_several_env_ids_demonstrates_each(tmp_path):
     demonstrations = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert demonstrations["env/episodes"] == 6
     assert demonstrations["env/babyai/goto/success_rate"] == demonstrations["env/babyai/pickup/success_rate"] == 1.0
+
+
+def test_sft_on_no_rows_is_one_clear_error_and_a_check_can_stop_it_between_steps(goto_tiny):
+    """Before, zero rows failed inside torch.randint ("random_ expects 'from' to be less than 'to'")."""
+    tokenizer, model = goto_tiny
+    with pytest.raises(ValueError, match=r"no rows to learn from \(3 steps asked\)"):
+        supervised_finetune(model, SampleBatch([], [], [], []), pad_token_id(tokenizer), steps=3, batch_size=2, lr=1e-3)
+    steps = []
+
+    def check() -> None:
+        if len(steps) == 2:
+            raise KeyboardInterrupt
+        steps.append(None)
+
+    with pytest.raises(KeyboardInterrupt):
+        supervised_finetune(copy.deepcopy(model), SampleBatch([[5, 6, 7]], [[0, 1, 1]], [], []),
+                            pad_token_id(tokenizer), steps=5, batch_size=1, lr=1e-3, check=check)
+    assert len(steps) == 2                                    # checked before each step: 2 steps ran

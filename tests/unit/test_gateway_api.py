@@ -7,11 +7,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from horizonrl.engines.base import Generation
+from horizonrl.engines.grammar import call_or_json_grammar, json_grammar, tool_call_grammar
 from horizonrl.gateway.openai_api import (RequestError, ServedModel, answer, assistant_message, choice_chunks,
                                           choice_params, cut_at_stop, logprobs_of, normalise_messages, parse_request,
                                           prompt_of)
 from horizonrl.learner.models import resolve_model_path
 
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}]
 TOOL_TEXT = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 
 
@@ -111,8 +114,13 @@ def test_streamed_chat_chunks_of_a_tool_call(tokenizer):
     assert end == {"index": 3, "delta": {}, "logprobs": None, "finish_reason": "tool_calls", "token_ids": ids}
 
 
-def test_unknown_fields_are_ignored_and_wrong_types_refused():
-    assert chat(user="me", metadata={"a": 1}, temperature=0).temperature == 0
+def test_fields_with_no_effect_are_accepted_unknown_ones_and_wrong_types_refused():
+    no_effect = {"user": "me", "metadata": {"a": 1}, "store": True, "reasoning_effort": "low", "verbosity": "low"}
+    assert chat(**no_effect, temperature=0).temperature == 0
+    for unknown in ({"service_tier": "auto"}, {"functions": []}, {"modalities": ["text"]}):
+        with pytest.raises(RequestError, match="is not supported by this server") as error:
+            chat(**unknown)
+        assert error.value.param == next(iter(unknown)) and error.value.code == "unsupported"
     defaults = chat(n=None, logprobs=None, stream=None, stop=None, max_tokens=None)   # null: the default
     assert (defaults.n, defaults.logprobs, defaults.stream, defaults.stop) == (1, False, False, None)
     for fields, param in [({"max_tokens": "many"}, "max_tokens"), ({"n": 0}, "n"), ({"temperature": -1}, "temperature"),
@@ -126,13 +134,23 @@ def test_unknown_fields_are_ignored_and_wrong_types_refused():
         parse_request(b'{"messages": [', "chat")
 
 
-@pytest.mark.parametrize("fields", [{"top_logprobs": 2}, {"tool_choice": "required"}, {"presence_penalty": 0.5},
-                                    {"frequency_penalty": 1}, {"logit_bias": {"5": 1}},
-                                    {"response_format": {"type": "json_object"}}])
+@pytest.mark.parametrize("fields", [{"top_logprobs": 2}, {"presence_penalty": 0.5}, {"frequency_penalty": 1},
+                                    {"logit_bias": {"5": 1}}])
 def test_options_we_cannot_honour_are_refused(fields):
     with pytest.raises(RequestError, match="not supported") as error:
         chat(**fields)
     assert error.value.param == next(iter(fields))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"tool_choice": "required"}, "needs tools"),
+    ({"tool_choice": {"type": "function", "function": {"name": "mul"}}, "tools": TOOLS}, "not among the tools"),
+    ({"tool_choice": "any"}, "tool_choice"),
+    ({"response_format": {"type": "json_schema"}}, "json_schema"),
+    ({"response_format": {"type": "yaml"}}, "response_format")])
+def test_tool_choice_and_response_format_are_checked(fields, message):
+    with pytest.raises(RequestError, match=message):
+        chat(**fields)
 
 
 @pytest.mark.parametrize("fields", [{"echo": True}, {"logprobs": 2}, {"suffix": "x"}, {"best_of": 3},
@@ -164,3 +182,34 @@ def test_sampling_parameters_and_limits(tokenizer):
                                         ({"max_tokens": 30}, 80, "exceed"), ({"n": 5}, 10, "limit of 4")]:
         with pytest.raises(RequestError, match=message):
             choice_params(chat(**fields), prompt_len, model)
+    capping = ServedModel(tokenizer, "m", context_len=100, stop_ids=(2,), max_tokens=50, cap_max_tokens=True)
+    assert choice_params(chat(max_tokens=256), 10, capping)[0].max_tokens == 50   # training: capped, not refused
+
+
+def test_constraints_and_one_call_at_most(tokenizer):
+    """tool_choice and response_format become the grammar the engine samples under (engines/grammar.py);
+    parallel_tool_calls false ends the response where the first call closes."""
+    model = ServedModel(tokenizer, "m", context_len=100, stop_ids=(2,))
+    named = {"type": "function", "function": {"name": "add"}}
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}
+    json_schema = {"type": "json_schema", "json_schema": {"name": "out", "schema": schema, "strict": True}}
+    expected = [({}, None), ({"tools": TOOLS}, None), ({"tools": TOOLS, "tool_choice": "none"}, None),
+                ({"tools": TOOLS, "tool_choice": "required"}, tool_call_grammar(TOOLS)),
+                ({"tools": TOOLS, "tool_choice": named}, tool_call_grammar(TOOLS, "add")),
+                ({"response_format": {"type": "text"}}, None),
+                ({"response_format": {"type": "json_object"}}, json_grammar(None)),
+                ({"response_format": json_schema}, json_grammar(schema)),
+                ({"response_format": json_schema, "tools": TOOLS}, call_or_json_grammar(TOOLS, schema)),
+                ({"response_format": json_schema, "tools": TOOLS, "tool_choice": "none"}, json_grammar(schema))]
+    for fields, grammar in expected:
+        assert choice_params(chat(**fields), 10, model)[0].grammar == grammar, fields
+    assert choice_params(chat(tools=TOOLS, parallel_tool_calls=False, stop="!"), 10, model)[0].stop_patterns == (
+        "!", "</tool_call>")
+    assert choice_params(chat(parallel_tool_calls=False), 10, model)[0].stop_patterns == ()   # no tools: no calls
+    refusing = ServedModel(tokenizer, "m", context_len=100, stop_ids=(2,), constraint_refusal="set actor.tis_cap")
+    assert choice_params(chat(tools=TOOLS), 10, refusing)[0].grammar is None
+    for fields, param in [({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
+                          ({"response_format": {"type": "json_object"}}, "response_format")]:
+        with pytest.raises(RequestError, match="set actor.tis_cap") as error:
+            choice_params(chat(**fields), 10, refusing)
+        assert error.value.param == param

@@ -20,7 +20,11 @@ class SamplingParams:
     kept in it when sampled); so does the first token after which the decoded response text contains a
     match of one of `stop_patterns` (regular expressions; every sampled id is kept, none is cut).
     `seed` names the request's own random stream (a sampling engine combines it with its own seed;
-    None: the engine derives one), so that what a request samples does not depend on its batch mates."""
+    None: the engine derives one), so that what a request samples does not depend on its batch mates.
+    `grammar` (xgrammar EBNF, see engines/grammar.py; None: unconstrained): the text the response must
+    spell before a stop id ends it. A sampling engine samples only tokens that keep the response a prefix
+    of that language, and a stop id only where it is complete; its log-probs are then those of that
+    masked, renormalised distribution (scripted engines write their text as it is)."""
 
     max_tokens: int = 64
     temperature: float = 1.0
@@ -28,12 +32,14 @@ class SamplingParams:
     stop_ids: tuple[int, ...] = ()
     stop_patterns: tuple[str, ...] = ()
     seed: int | None = None
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)
 class Generation:
     """`token_ids` exactly as sampled; `logprobs[i]` = log-prob of token_ids[i] under the sampling
-    distribution (after temperature and top-p); None for engines that do not sample from a model.
+    distribution (after the grammar's mask, temperature and top-p); None for engines that do not sample
+    from a model.
     `weights_version`: how many weight syncs the engine had taken when it sampled this (None: no weights)."""
 
     token_ids: list[int]
@@ -98,6 +104,12 @@ class RequestSeeds:
         """The weights changed (to `version`; None: the next one): requests are counted afresh."""
         self.version = self.version + 1 if version is None else version
         self._seen.clear()
+
+
+def check_grammar(params: SamplingParams) -> None:
+    """ValueError for a grammar without stop ids: a stop id is what ends a complete constrained response."""
+    if params.grammar is not None and not params.stop_ids:
+        raise ValueError("a grammar needs stop_ids: a constrained response ends with one once it is complete")
 
 
 def matches_stop_pattern(tokenizer, token_ids: list[int], patterns: tuple[str, ...]) -> bool:

@@ -10,8 +10,9 @@ change): a later prompt prefills only what follows the longest prefix it shares 
 be it the whole sequence (a multi-turn stream's next prompt extends its last prompt and response) or
 its start (a prompt rebuilt every turn keeps its system prompt), and prompts that arrive together
 and share a prefix prefill it once. We sample with our own loop rather than `model.generate`
-because each request has its own max_tokens / temperature / top_p / stop ids and we need the exact
-log-probs of the sampled ids under the sampling distribution.
+because each request has its own max_tokens / temperature / top_p / stop ids / grammar and we need
+the exact log-probs of the sampled ids under the sampling distribution (with a grammar, the masked one:
+engines/constrained.py).
 
 Why not transformers' continuous batching (`model.generate_batch`, `init_continuous_batching`;
 tried with transformers 5.23 on CPU, the tiny Llama, 16 prompts x 32 sampled tokens): it runs on
@@ -33,19 +34,22 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, matches_stop_pattern, settle
+from horizonrl.engines import constrained
+from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, matches_stop_pattern, settle
 
 
 @dataclass(eq=False)
 class _Request:
     """A prompt, its sampling controls and the response sampled so far; `future` (None for
-    `generate_batch`, whose caller collects the results) receives the Generation when it ends."""
+    `generate_batch`, whose caller collects the results) receives the Generation when it ends;
+    `matcher` (None: unconstrained) follows the response through its grammar."""
 
     prompt_ids: list[int]
     params: SamplingParams
     generator: torch.Generator  # this request's own draws
     weights_version: int
     future: asyncio.Future | None = None
+    matcher: object | None = None   # an xgrammar GrammarMatcher
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -83,7 +87,8 @@ class HFEngine:
 
     The engine can share the learner's actor module (then `sync_weights` has nothing to copy) or own
     a separate copy (then `sync_weights` loads the actor's state dict); call it between rollouts, never
-    during one. `tokenizer` decodes responses for requests with `stop_patterns`. At most
+    during one. `tokenizer` decodes responses for requests with `stop_patterns` and spells the tokens
+    for requests with a `grammar` (engines/constrained.py: masked before sampling). At most
     `max_batch_size` requests decode at once; the others wait for a row to free up. The KV of ended
     sequences is kept, at most `prefix_cache_tokens` tokens in all (the oldest go first; 0 turns this
     off): a prompt reuses the longest prefix it shares with one of them (see MIN_SHARED_TOKENS), short
@@ -110,6 +115,7 @@ class HFEngine:
         self.prefix_cache_tokens = prefix_cache_tokens
         self.max_padding_tokens = max_padding_tokens
         config = model.config  # which masks the engine may build itself (see _mask)
+        self.vocab_size = config.vocab_size   # the logits' width, which a grammar's mask covers
         layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
         self._sdpa_full_attention = (getattr(config, "_attn_implementation", None) == "sdpa"
                                      and getattr(config, "sliding_window", None) is None
@@ -125,8 +131,10 @@ class HFEngine:
             raise ValueError("prompt_ids is empty")
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
-        if params.stop_patterns and self.tokenizer is None:
-            raise ValueError("stop_patterns need the engine to decode responses: HFEngine(..., tokenizer=...)")
+        if (params.stop_patterns or params.grammar is not None) and self.tokenizer is None:
+            raise ValueError("stop_patterns and grammar need the engine's tokenizer: HFEngine(..., tokenizer=...)")
+        if params.grammar is not None:   # compiled off the event loop: a grammar that does not compile fails here
+            await asyncio.to_thread(constrained.compiled_grammar, self.tokenizer, self.vocab_size, params.grammar)
         future = asyncio.get_running_loop().create_future()
         with self._lock:
             self._pending.append(self._request(prompt_ids, params, future))
@@ -163,9 +171,13 @@ class HFEngine:
         """Nothing to stop: the engine is this process's module and threads that end with their work."""
 
     def _request(self, prompt_ids: list[int], params: SamplingParams, future=None) -> _Request:
-        """A request with its own generator (seeded as the class docstring says); call under the lock."""
+        """A request with its own generator (seeded as the class docstring says) and its grammar's matcher;
+        call under the lock."""
+        check_grammar(params)
         generator = torch.Generator(self.device).manual_seed(self.seeds.next(prompt_ids, params.seed))
-        return _Request(list(prompt_ids), params, generator, self.seeds.version, future)
+        matcher = None if params.grammar is None else constrained.matcher(self.tokenizer, self.vocab_size,
+                                                                          params.grammar, params.stop_ids)
+        return _Request(list(prompt_ids), params, generator, self.seeds.version, future, matcher=matcher)
 
     async def _serve(self) -> None:
         await asyncio.sleep(0)  # every stream that is ready submits before the first prefill
@@ -208,14 +220,16 @@ class HFEngine:
     @torch.inference_mode()
     def _step(self, batch: _Batch | None, newcomers: list[_Request],
               on_finished: Callable[[list[tuple[_Request, Generation]]], object]) -> _Batch | None:
-        """Sample one token for every row of `batch`; the requests that ended leave, with their
-        Generation, to `on_finished` (at once: their streams go on during the forward passes). Then
-        forward passes (one, unless that pads too much) run the other rows' new tokens and the
-        newcomers' prompts past the prefixes they reuse. Returns the batch after them (None when no row
-        is left)."""
+        """Sample one token for every row of `batch` (a row with a grammar from its masked logits); the
+        requests that ended leave, with their Generation, to `on_finished` (at once: their streams go on
+        during the forward passes). Then forward passes (one, unless that pads too much) run the other
+        rows' new tokens and the newcomers' prompts past the prefixes they reuse. Returns the batch after
+        them (None when no row is left)."""
         running, finished, tokens = [], [], []
         if batch is not None:
             device = batch.logits.device
+            if rows := [row for row, r in enumerate(batch.requests) if r.matcher is not None]:
+                constrained.mask_logits(batch.logits, rows, [batch.requests[row].matcher for row in rows])
             token, logprob = sample(batch.logits,
                                     torch.tensor([r.params.temperature for r in batch.requests], device=device),
                                     torch.tensor([r.params.top_p for r in batch.requests], device=device),
@@ -223,6 +237,8 @@ class HFEngine:
             for row, (request, t, lp) in enumerate(zip(batch.requests, token.tolist(), logprob.tolist())):
                 request.token_ids.append(t)
                 request.logprobs.append(lp)
+                if request.matcher is not None:
+                    constrained.advance(request.matcher, t)
                 reason = self._finish_reason(request)
                 if reason is None:
                     running.append(row)

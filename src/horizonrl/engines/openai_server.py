@@ -6,7 +6,9 @@ Prompts go in as token ids (`/v1/completions` takes a list of ids) and the sampl
 re-tokenised. A server that returns no token ids is refused when the engine starts. Only our stop
 ids end a response (`stop_token_ids`, `ignore_eos`); stop patterns are checked once it ends. Each
 request carries a seed from `RequestSeeds`. For log-probs after temperature (what the learner computes)
-start vLLM with `--logprobs-mode processed_logprobs`.
+start vLLM with `--logprobs-mode processed_logprobs`. A request's `grammar` is sent as vLLM's structured
+outputs, `"structured_outputs": {"grammar": ...}` (the field of vLLM 0.32's completions API; the log-probs
+are then those of the masked distribution, see engines/vllm_engine.py).
 
 Weight sync (training): the learner writes its weights to `weights_dir` (engines/weights.py: untied
 embeddings; the server must read that folder and should have been started from such a folder) and
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, cut_at_stop_pattern
+from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, cut_at_stop_pattern
 from horizonrl.engines.retry import EngineError
 from horizonrl.engines.weights import write_untied
 
@@ -84,13 +86,17 @@ class OpenAIServerEngine:
                               "start vLLM with VLLM_SERVER_DEV_MODE=1 to train with it (eval works as it is)")
 
     def _body(self, prompt_ids: list[int], params: SamplingParams, seed: int) -> dict:
-        return {"model": self.model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
+        body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
                 "temperature": params.temperature, "top_p": params.top_p, "seed": seed, "logprobs": 0,
                 "return_token_ids": True, "stop_token_ids": list(params.stop_ids), "ignore_eos": True}
+        if params.grammar is not None:
+            body["structured_outputs"] = {"grammar": params.grammar}
+        return body
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
+        check_grammar(params)
         version = self.seeds.version
         body = self._body(prompt_ids, params, self.seeds.next(prompt_ids, params.seed))
         url = f"{self.base_url}/completions"

@@ -1,5 +1,6 @@
 """Scripted engines: responses written by code instead of sampled from a model (teachers for the
-supervised warm start, test doubles). They have no log-probs and no weights."""
+supervised warm start, test doubles). They have no log-probs and no weights, and write their text as it
+is: a request's `grammar` does not constrain it (a teacher or a test double writes what it means to)."""
 
 from __future__ import annotations
 

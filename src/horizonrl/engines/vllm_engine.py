@@ -14,10 +14,14 @@ which this engine does not use.)
 
 Log-probs are vLLM's `processed_logprobs`: the sampled token's log-prob after temperature and top-p,
 the distribution it was sampled from (for greedy requests, the untempered one), as HFEngine returns
-and the learner computes. Each request carries a seed from `RequestSeeds`, so the same requests
-sample the same tokens alone or batched, in any order of arrival. Stop ids end a response (kept in
-it, EOS only when it is a stop id); stop patterns are checked once the response ends
-(`cut_at_stop_pattern`).
+and the learner computes. A request's `grammar` goes to vLLM as structured outputs
+(`StructuredOutputsParams(grammar=...)`, compiled by its default backend, xgrammar, as HFEngine compiles
+it); vLLM applies the grammar's bitmask to the logits before its sampler, so these log-probs are then those
+of the masked, renormalised distribution, as HFEngine's (engines/constrained.py; unlike HFEngine, vLLM's
+xgrammar backend lets a special token spell its text inside a JSON string). Each request carries a seed
+from `RequestSeeds`, so the same requests sample the same tokens alone or batched, in any order of arrival.
+Stop ids end a response (kept in it, EOS only when it is a stop id); stop patterns are checked once the
+response ends (`cut_at_stop_pattern`).
 
 vLLM starts its engine core in a spawned process: a script that builds this engine at import time
 needs the `if __name__ == "__main__":` guard.
@@ -36,7 +40,7 @@ from pathlib import Path
 import torch
 
 from horizonrl.config import ConfigError
-from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, cut_at_stop_pattern, settle
+from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, cut_at_stop_pattern, settle
 from horizonrl.engines.retry import EngineError
 from horizonrl.engines.weights import remove_weights, write_untied
 
@@ -123,6 +127,7 @@ class VLLMEngine:
             raise ValueError("prompt_ids is empty")
         if params.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {params.max_tokens}")
+        check_grammar(params)
         future = asyncio.get_running_loop().create_future()
         with self._lock:
             seed = self.seeds.next(prompt_ids, params.seed)
@@ -135,11 +140,14 @@ class VLLMEngine:
 
     def _sampling(self, params: SamplingParams, seed: int):
         """vLLM's sampling parameters for `params`: only our stop ids end a response (not EOS on its
-        own), no detokenising (we never use vLLM's text), the sampled token's log-prob only."""
+        own), no detokenising (we never use vLLM's text), the sampled token's log-prob only, the grammar
+        as structured outputs."""
+        structured = (None if params.grammar is None
+                      else self._vllm.sampling_params.StructuredOutputsParams(grammar=params.grammar))
         return self._vllm.SamplingParams(
             max_tokens=params.max_tokens, temperature=params.temperature, top_p=params.top_p, seed=seed,
             stop_token_ids=list(params.stop_ids), ignore_eos=True, logprobs=0, detokenize=False,
-            output_kind=self._vllm.sampling_params.RequestOutputKind.FINAL_ONLY)
+            structured_outputs=structured, output_kind=self._vllm.sampling_params.RequestOutputKind.FINAL_ONLY)
 
     def _run(self) -> None:
         """Worker thread: add the requests that arrived, step vLLM, settle the ones that ended; until

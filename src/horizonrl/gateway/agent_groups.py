@@ -11,8 +11,11 @@ classifies the break) where the agent re-rendered its history.
 The outcome reward is the number the agent returned; else the reward it posted to
 `/rollouts/<id>/reward`; else `reward_fn(episode)` when the run has one (group.reward_fn). Per-call
 rewards posted there become the turns' rewards (GiGPO's step rewards). An agent that raises, runs past
-`timeout_s`, never calls the model or ends with no reward is counted in `errors` (and logged); its
-episode carries `metrics["error"]`, so the group estimators leave it out of its group: never a silent 0.
+`timeout_s`, never calls the model or ends with no reward is counted in `errors` (its cause, e.g. "agent
+raised BadRequestError: ..."; each logged at DEBUG, the batch's summarised in one warning by cause,
+rollout/failures.py); its episode carries the same cause in `metrics["error"]`, so the group estimators
+leave it out of its group: never a silent 0. `counts` holds what the gateway counted during the last batch
+(`gateway/<name>` for each of its `stats`: requests, errors, server_errors, ...).
 
 The agents share one event loop, so an agent that blocks it (a synchronous client such as `openai.OpenAI`
 inside `async def`) makes every rollout of the batch wait for its calls. Each step of an agent (its code
@@ -38,6 +41,7 @@ from horizonrl.gateway.recorder import Rollout
 from horizonrl.gateway.server import Gateway, GatewayThread
 from horizonrl.records import Episode, Task, Turn
 from horizonrl.rollout.episode_groups import RewardFn
+from horizonrl.rollout.failures import log_failures
 from horizonrl.rollout.seeds import first_training_seed
 
 log = logging.getLogger(__name__)
@@ -126,6 +130,7 @@ class AgentGroupCollector:
         self.share = range(n_tasks) if share is None else share
         self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []
+        self.counts: dict[str, int] = {}
         self.block_reported = False
         self._server: GatewayThread | None = None
         self._base_url = ""
@@ -140,12 +145,17 @@ class AgentGroupCollector:
         return self.run(tasks)
 
     def run(self, tasks: list[Task]) -> list[Episode]:
-        """`group_size` agents on each of `tasks`, all at once, through the gateway."""
+        """`group_size` agents on each of `tasks`, all at once, through the gateway; their failures logged in one
+        warning, what the gateway counted meanwhile in `counts`."""
         self.errors = []
         if self._server is None:
             self._server = GatewayThread(self.gateway)
             self._base_url = self._server.start()
-        return asyncio.run(self._run(tasks, self._base_url))
+        before = dict(self.gateway.stats)
+        episodes = asyncio.run(self._run(tasks, self._base_url))
+        self.counts = {f"gateway/{name}": n - before.get(name, 0) for name, n in self.gateway.stats.items()}
+        log_failures(self.errors, f"of {len(episodes)} rollouts dropped from their groups")
+        return episodes
 
     def close(self) -> None:
         """Stop the gateway (it waits for the calls in flight)."""
@@ -188,9 +198,9 @@ class AgentGroupCollector:
         if failure is None:
             failure, reward = self._outcome(episode, returned, rollout.reward)
         if failure is not None:
-            self.errors.append(f"{episode.episode_id}: the agent {failure}")
-            log.warning("dropped from its group: %s", self.errors[-1])
-            episode.metrics = {"error": f"agent {failure}"}
+            self.errors.append(f"agent {failure}")
+            log.debug("%s dropped from its group: the agent %s", episode.episode_id, failure)
+            episode.metrics = {"error": self.errors[-1]}
             return episode
         episode.outcome_reward = reward
         episode.metrics = {"return": reward, "length": len(episode.turns), "success": float(reward > 0)}

@@ -6,9 +6,14 @@ and tool schemas through the tokenizer's chat template (`chat_prompt_ids`); a co
 string (encoded without special tokens) or a list of token ids used as is. Responses carry the exact ids
 (`prompt_token_ids` at the top, `token_ids` on each choice, as vLLM's return_token_ids does).
 
-Options we cannot honour exactly are refused with a 400 naming them, never ignored: top log-probs,
-tool_choice other than "auto"/"none", response formats other than text, echo, suffix, best_of,
-penalties and logit_bias. Any other unknown field is ignored (clients send many).
+Options we cannot honour exactly are refused with a 400 naming them, never ignored: top log-probs, echo,
+suffix, best_of, penalties, logit_bias and any field this module does not know. reasoning_effort,
+verbosity, store, metadata and user are accepted and change nothing (they ask for things this server has
+no use for: a reasoning budget, stored completions, tags); README lists them.
+
+`tool_choice` "required" or a named function, and `response_format` json_object / json_schema, are honoured
+by constraining the response (`constraint`): the engine samples only tokens that keep it within a grammar.
+`parallel_tool_calls: false` ends the response at the first call's closing tag.
 
 Stop strings: the engine ends a response at the first token after which its text contains one (as a
 regular expression, `re.escape`d); the returned text is cut before the earliest match, as OpenAI does,
@@ -28,7 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from horizonrl.agents.agent import chat_prompt_ids
 from horizonrl.engines.base import Generation, SamplingParams
-from horizonrl.tools.calls import OPEN_TAG, ToolCall, parse_tool_calls
+from horizonrl.engines.grammar import call_or_json_grammar, json_grammar, tool_call_grammar
+from horizonrl.tools.calls import CLOSE_TAG, OPEN_TAG, ToolCall, parse_tool_calls
 
 
 class RequestError(Exception):
@@ -47,7 +53,9 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
 @dataclass(frozen=True)
 class ServedModel:
     """What the gateway serves and its limits: `context_len` tokens of prompt + response, `max_tokens`
-    response tokens and `max_n` choices per request at most; `stop_ids` end every response (EOS)."""
+    response tokens (a request for more is refused, or with `cap_max_tokens` given `max_tokens`) and `max_n`
+    choices per request at most; `stop_ids` end every response (EOS). `constraint_refusal`: why a request that
+    needs constrained decoding is refused here (None: it is served)."""
 
     tokenizer: Any
     name: str
@@ -55,9 +63,11 @@ class ServedModel:
     stop_ids: tuple[int, ...]
     max_tokens: int = 1024
     max_n: int = 8
+    cap_max_tokens: bool = False
+    constraint_refusal: str | None = None
 
 
-class _Body(BaseModel):
+class Body(BaseModel):
     """A JSON object of the API: unknown fields are ignored, null means the field's default."""
 
     model_config = ConfigDict(extra="ignore")
@@ -68,23 +78,23 @@ class _Body(BaseModel):
         return {key: value for key, value in data.items() if value is not None} if isinstance(data, dict) else data
 
 
-class _TextPart(_Body):
+class _TextPart(Body):
     type: Literal["text"]
     text: str
 
 
-class _Function(_Body):
+class _Function(Body):
     name: str
     arguments: str | dict = "{}"
 
 
-class _ToolCall(_Body):
+class _ToolCall(Body):
     id: str | None = None
     type: Literal["function"] = "function"
     function: _Function
 
 
-class _Message(_Body):
+class _Message(Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[_TextPart] | None = None
     tool_calls: list[_ToolCall] | None = None
@@ -92,21 +102,49 @@ class _Message(_Body):
     name: str | None = None
 
 
-class _FunctionSchema(_Body):
+class _FunctionSchema(Body):
     name: str
 
 
-class _ToolSchema(_Body):
+class _ToolSchema(Body):
     type: Literal["function"]
     function: _FunctionSchema
 
 
-class _StreamOptions(_Body):
+class _StreamOptions(Body):
     include_usage: bool = False
 
 
-class _Request(_Body):
-    """Fields both APIs share."""
+class _NamedFunction(Body):
+    name: str
+
+
+class _NamedToolChoice(Body):
+    type: Literal["function"]
+    function: _NamedFunction
+
+
+class _JsonSchemaFormat(Body):
+    name: str | None = None
+    json_schema: dict | None = Field(None, alias="schema")   # None: any JSON object
+    strict: bool | None = None
+
+
+class _ResponseFormat(Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: _JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a "json_schema" object')
+        return self
+
+
+class _Request(Body):
+    """Fields both APIs share. A field not declared here or in a subclass is refused (`parse_request`)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     n: int = Field(1, ge=1)
@@ -120,6 +158,11 @@ class _Request(_Body):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    reasoning_effort: Any = None     # these five: no effect
+    verbosity: Any = None
+    store: Any = None
+    metadata: Any = None
+    user: Any = None
 
     @field_validator("stop")
     @classmethod
@@ -132,11 +175,12 @@ class _Request(_Body):
 class ChatRequest(_Request):
     messages: list[_Message] = Field(min_length=1)
     tools: list[dict] | None = None  # kept as sent: the template renders them key for key
-    tool_choice: str | dict | None = None
+    tool_choice: Literal["auto", "none", "required"] | _NamedToolChoice = "auto"
+    parallel_tool_calls: bool = True
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0)
     max_completion_tokens: int | None = Field(None, ge=1)
-    response_format: dict | None = None
+    response_format: _ResponseFormat | None = None
 
     @field_validator("tools")
     @classmethod
@@ -164,20 +208,35 @@ class CompletionRequest(_Request):
 def parse_request(raw: bytes, kind: Literal["chat", "completions"]) -> ChatRequest | CompletionRequest:
     """The validated request body, or a RequestError naming the malformed JSON, wrong field or option
     we do not support."""
+    request = validated(ChatRequest if kind == "chat" else CompletionRequest, json_object(raw))
+    refuse_unsupported(request)
+    if isinstance(request, ChatRequest):
+        check_tool_choice(request)
+    return request
+
+
+def json_object(raw: bytes) -> dict:
+    """The request body's JSON object, or a RequestError saying it is none."""
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RequestError(f"the request body is not valid JSON: {error}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object")
+    return data
+
+
+def validated(model: type[BaseModel], data: dict, prefix: str = ""):
+    """`model` validated from `data`, or a RequestError naming the first wrong field (`prefix` + its path);
+    a field `model` does not declare is named as not supported."""
     try:
-        request = (ChatRequest if kind == "chat" else CompletionRequest).model_validate(data)
+        return model.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
-        param = ".".join(str(part) for part in first["loc"])
+        param = prefix + ".".join(str(part) for part in first["loc"])
+        if first["type"] == "extra_forbidden":
+            raise RequestError(f"{param} is not supported by this server", param=param, code="unsupported") from None
         raise RequestError(f"{param}: {first['msg']}", param=param) from None
-    refuse_unsupported(request)
-    return request
 
 
 def refuse_unsupported(request: ChatRequest | CompletionRequest) -> None:
@@ -188,11 +247,7 @@ def refuse_unsupported(request: ChatRequest | CompletionRequest) -> None:
         "logit_bias": bool(request.logit_bias),
     }
     if isinstance(request, ChatRequest):
-        unsupported |= {
-            "top_logprobs": bool(request.top_logprobs),
-            "tool_choice": request.tool_choice not in (None, "auto", "none"),
-            "response_format": request.response_format not in (None, {"type": "text"}),
-        }
+        unsupported["top_logprobs"] = bool(request.top_logprobs)
     else:
         unsupported |= {
             "logprobs": bool(request.logprobs),   # completions' logprobs=N asks for the top N
@@ -204,6 +259,36 @@ def refuse_unsupported(request: ChatRequest | CompletionRequest) -> None:
     if param is not None:
         raise RequestError(f"{param}={getattr(request, param)!r} is not supported by this server", param=param,
                            code="unsupported")
+
+
+def check_tool_choice(request: ChatRequest) -> None:
+    """RequestError unless a tool_choice that forces a call has tools to call (the named one among them)."""
+    names = [tool["function"]["name"] for tool in request.tools or []]
+    if request.tool_choice in ("auto", "none"):
+        return
+    if not names:
+        raise RequestError(f"tool_choice={request.tool_choice!r} needs tools", param="tool_choice")
+    if isinstance(request.tool_choice, _NamedToolChoice) and request.tool_choice.function.name not in names:
+        raise RequestError(f"tool_choice names the function {request.tool_choice.function.name!r}, which is not "
+                           f"among the tools {names}", param="tool_choice")
+
+
+def constraint(request: ChatRequest | CompletionRequest) -> str | None:
+    """The grammar the response must match, or None (unconstrained): one call of the named function or (tool_choice
+    "required") of any tool; else, with a JSON response format, a JSON object (json_object) or a value of the
+    schema (json_schema) — or, when tools may also be called ("auto"), either a call or that JSON."""
+    if not isinstance(request, ChatRequest):
+        return None
+    json_format = request.response_format
+    wants_json = json_format is not None and json_format.type != "text"
+    if isinstance(request.tool_choice, _NamedToolChoice):
+        return tool_call_grammar(request.tools, request.tool_choice.function.name)
+    if request.tool_choice == "required":
+        return tool_call_grammar(request.tools)
+    if not wants_json:
+        return None
+    schema = json_format.json_schema.json_schema if json_format.type == "json_schema" else None
+    return call_or_json_grammar(request.tools, schema) if uses_tools(request) else json_grammar(schema)
 
 
 def normalise_messages(messages: list[_Message]) -> list[dict]:
@@ -268,6 +353,10 @@ def prompt_of(request: ChatRequest | CompletionRequest, model: ServedModel) -> t
     return ids, None
 
 
+def asked_max_tokens(request: ChatRequest | CompletionRequest) -> int | None:
+    return getattr(request, "max_completion_tokens", None) or request.max_tokens
+
+
 def choice_params(request: ChatRequest | CompletionRequest, prompt_len: int,
                   model: ServedModel) -> list[SamplingParams]:
     """The sampling parameters of each of the request's n choices (choice i seeded seed + i), or a
@@ -279,17 +368,26 @@ def choice_params(request: ChatRequest | CompletionRequest, prompt_len: int,
                            code="context_length_exceeded")
     if request.n > model.max_n:
         raise RequestError(f"n={request.n} is over this server's limit of {model.max_n}", param="n")
-    asked = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    asked = asked_max_tokens(request)
     if asked is not None and asked > model.max_tokens:
-        raise RequestError(f"max_tokens={asked} is over this server's limit of {model.max_tokens}", param="max_tokens")
+        if not model.cap_max_tokens:
+            raise RequestError(f"max_tokens={asked} is over this server's limit of {model.max_tokens}",
+                               param="max_tokens")
+        asked = model.max_tokens
     if asked is not None and asked > room:
         raise RequestError(f"the prompt ({prompt_len} tokens) + max_tokens ({asked}) exceed this model's context of "
                            f"{model.context_len}", param="max_tokens", code="context_length_exceeded")
-    stops = [request.stop] if isinstance(request.stop, str) else request.stop or []
+    grammar = constraint(request)
+    if grammar is not None and model.constraint_refusal is not None:
+        param = "response_format" if request.tool_choice in ("auto", "none") else "tool_choice"
+        raise RequestError(f"{param}: {model.constraint_refusal}", param=param, code="unsupported")
+    stops = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+    if uses_tools(request) and not request.parallel_tool_calls:
+        stops.append(CLOSE_TAG)                        # one call at most: the response ends where it closes
     params = SamplingParams(max_tokens=asked or min(room, model.max_tokens),
                             temperature=1.0 if request.temperature is None else request.temperature,
                             top_p=1.0 if request.top_p is None else request.top_p, stop_ids=model.stop_ids,
-                            stop_patterns=tuple(re.escape(stop) for stop in stops))
+                            stop_patterns=tuple(re.escape(stop) for stop in stops), grammar=grammar)
     return [replace(params, seed=None if request.seed is None else request.seed + i) for i in range(request.n)]
 
 

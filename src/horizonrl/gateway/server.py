@@ -3,7 +3,8 @@
 Agents written against the OpenAI API talk to it unchanged; each choice's prompt and response ids and
 log-probs go to the `Recorder`, under the rollout whose URL the agent was given:
 
-    POST /v1/chat/completions, POST /v1/completions, GET /v1/models     (recorded without a rollout)
+    POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models
+                                                                        (recorded without a rollout)
     the same under /rollouts/{rollout_id}/v1/...                        (recorded under rollout_id)
     POST /rollouts/{rollout_id}/reward   {"reward": x} and/or {"call_rewards": {"<call index>": x}}
     GET /health                                                         (no API key needed)
@@ -17,7 +18,8 @@ Safety: binds 127.0.0.1 unless told otherwise; with an API key every route but /
 an unexpected exception is a 500 saying only "internal server error" (the traceback is logged here).
 
 Streaming (`stream: true`): the engine returns whole responses, so each choice's chunks are sent at once
-when that choice is complete (choices in the order they complete, each chunk naming its `index`).
+when that choice is complete (choices in the order they complete, each chunk naming its `index`); a Responses
+API response's events all go out when it is sampled. An unknown route's 404 lists the routes served.
 """
 
 from __future__ import annotations
@@ -36,11 +38,13 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from horizonrl.config import RolloutConfig
-from horizonrl.engines.base import Generation
+from horizonrl.engines.base import Generation, SamplingParams
 from horizonrl.gateway.openai_api import (Answer, ChatRequest, CompletionRequest, RequestError, ServedModel,
-                                          answer, choice_chunks, choice_dict, choice_params, error_body, parse_request,
-                                          prompt_of, response_header, usage)
+                                          answer, asked_max_tokens, choice_chunks, choice_dict, choice_params,
+                                          error_body, logprobs_of, parse_request, prompt_of, response_header, usage)
 from horizonrl.gateway.recorder import Call, Recorder
+from horizonrl.gateway.responses_api import (ResponseStore, chat_request, input_messages, output_items,
+                                             parse_responses_request, response_events, response_object)
 from horizonrl.learner.device import resolve_device
 from horizonrl.learner.models import load_policy, stop_ids
 from horizonrl.rollout.from_config import make_engine
@@ -61,21 +65,28 @@ class Gateway:
 
     The engine's `generate` is awaited on the event loop that runs `start` only. A call goes on when its
     client gives up (aiohttp does not cancel handlers): `calls_over` awaits those of a rollout. `stats` counts
-    requests (all but /health), errors (4xx answers), server_errors (5xx) and tool_call_parse_failures
-    (responses with a `<tool_call>` block that does not parse; they are returned as plain content)."""
+    requests (all but /health), errors (4xx answers), server_errors (5xx), tool_call_parse_failures
+    (responses with a `<tool_call>` block that does not parse; they are returned as plain content) and
+    max_tokens_capped (requests for more than `max_tokens_limit` tokens given that many: `cap_max_tokens`,
+    as training does; else they are refused). `constraint_refusal`: see ServedModel."""
 
     def __init__(self, engine, tokenizer, model_name: str, context_len: int, stop_ids: tuple[int, ...],
                  recorder: Recorder | None = None, api_key: str | None = None, max_tokens_limit: int = 1024,
-                 max_n: int = 8, max_body_bytes: int = 4 * 1024 * 1024):
+                 max_n: int = 8, max_body_bytes: int = 4 * 1024 * 1024, cap_max_tokens: bool = False,
+                 constraint_refusal: str | None = None):
         self.engine = engine
-        self.model = ServedModel(tokenizer, model_name, context_len, tuple(stop_ids), max_tokens_limit, max_n)
+        self.model = ServedModel(tokenizer, model_name, context_len, tuple(stop_ids), max_tokens_limit, max_n,
+                                 cap_max_tokens, constraint_refusal)
         self.recorder = recorder or Recorder()
         self.api_key = api_key
-        self.stats = {"requests": 0, "errors": 0, "server_errors": 0, "tool_call_parse_failures": 0}
+        self.stats = {"requests": 0, "errors": 0, "server_errors": 0, "tool_call_parse_failures": 0,
+                      "max_tokens_capped": 0}
+        self.responses = ResponseStore()
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._guard])
         for prefix in ("", "/rollouts/{rollout_id}"):
             self.app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             self.app.router.add_post(prefix + "/v1/completions", self._completions)
+            self.app.router.add_post(prefix + "/v1/responses", self._responses)
             self.app.router.add_get(prefix + "/v1/models", self._models)
         self.app.router.add_post("/rollouts/{rollout_id}/reward", self._reward)
         self.app.router.add_get("/health", self._health)
@@ -130,7 +141,10 @@ class Gateway:
         except RequestError as error:
             response = web.json_response(error_body(error.message, param=error.param, code=error.code),
                                          status=error.status)
-        except web.HTTPException as error:   # aiohttp's own: unknown route, wrong method, body too large
+        except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as error:
+            response = web.json_response(error_body(f"{error.reason}: {request.method} {request.path}; this server "
+                                                    f"serves {', '.join(self._routes())}"), status=error.status)
+        except web.HTTPException as error:   # aiohttp's own: body too large
             response = web.json_response(error_body(error.text or error.reason), status=error.status)
         except Exception:
             logger.exception("gateway: %s %s failed", request.method, request.path)
@@ -138,6 +152,11 @@ class Gateway:
         self.stats["errors"] += 400 <= response.status < 500
         self.stats["server_errors"] += response.status >= 500
         return response
+
+    def _routes(self) -> list[str]:
+        """Every route served, as "METHOD path"."""
+        return [f"{route.method} {route.resource.canonical}" for route in self.app.router.routes()
+                if route.method != "HEAD"]
 
     def _authorised(self, request: web.Request) -> bool:
         sent = request.headers.get("Authorization", "").encode()
@@ -189,7 +208,7 @@ class Gateway:
         body = parse_request(await request.read(), kind)
         prompt_ids, messages = prompt_of(body, self.model)
         tasks = [asyncio.ensure_future(self.engine.generate(prompt_ids, params))
-                 for params in choice_params(body, len(prompt_ids), self.model)]
+                 for params in self._choice_params(body, len(prompt_ids))]
         if body.stream:
             return await self._stream(request, body, prompt_ids, tasks, lambda results: self._record(
                 rollout_id, body, prompt_ids, messages, results, started))
@@ -206,6 +225,44 @@ class Gateway:
         response["usage"] = usage(len(prompt_ids), generations)
         response["prompt_token_ids"] = prompt_ids
         return web.json_response(response)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """The Responses API: served as the chat request it amounts to (responses_api.py), stored for a later
+        `previous_response_id` unless `store` is false."""
+        rollout_id = self._rollout_id(request)
+        with self._call(rollout_id):
+            started = time.time()
+            body = parse_responses_request(await request.read())
+            conversation = self.responses.conversation(body.previous_response_id) + input_messages(body)
+            chat = chat_request(body, conversation)
+            prompt_ids, messages = prompt_of(chat, self.model)
+            [params] = self._choice_params(chat, len(prompt_ids))
+            generation = await self.engine.generate(prompt_ids, params)
+            reply = self._answer(chat, generation)
+            self._record(rollout_id, chat, prompt_ids, messages, [(generation, reply)], started)
+            items = output_items(reply.response, logprobs_of(chat, generation, self.model.tokenizer))
+            response = response_object(body, self.model.name, int(started), items, reply.finish_reason, prompt_ids,
+                                       generation.token_ids)
+            if body.store:
+                self.responses.keep(response["id"], conversation + [reply.response])
+            if not body.stream:
+                return web.json_response(response)
+            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await stream.prepare(request)
+            for event in response_events(response):
+                await _send_event(stream, event, event["type"])
+            return stream
+
+    def _choice_params(self, body: ChatRequest | CompletionRequest, prompt_len: int) -> list[SamplingParams]:
+        """`choice_params`, counting (and logging the first) max_tokens capped at the server's limit."""
+        asked = asked_max_tokens(body)
+        if self.model.cap_max_tokens and asked is not None and asked > self.model.max_tokens:
+            self.stats["max_tokens_capped"] += 1
+            if self.stats["max_tokens_capped"] == 1:
+                logger.warning("gateway: an agent asked for max_tokens=%d; capped at this run's %d "
+                               "(rollout.max_tokens; counted in gateway/max_tokens_capped, logged once)",
+                               asked, self.model.max_tokens)
+        return choice_params(body, prompt_len, self.model)
 
     async def _stream(self, request: web.Request, body: ChatRequest | CompletionRequest, prompt_ids: list[int],
                       tasks: list[asyncio.Future],
@@ -262,8 +319,9 @@ class Gateway:
                                       generation.weights_version, started, finished, reply.tool_call_parse_failed))
 
 
-async def _send_event(response: web.StreamResponse, data: dict) -> None:
-    await response.write(f"data: {json.dumps(data)}\n\n".encode())
+async def _send_event(response: web.StreamResponse, data: dict, event: str | None = None) -> None:
+    """One server-sent event: `data` as JSON, named `event` (the Responses API names its events)."""
+    await response.write((f"event: {event}\n" if event else "").encode() + f"data: {json.dumps(data)}\n\n".encode())
 
 
 class GatewayThread:

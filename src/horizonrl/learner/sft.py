@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from horizonrl.algos.losses import aggregate
@@ -11,11 +13,15 @@ from horizonrl.samples.tensors import row_tensors
 
 
 def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batch_size: int, lr: float,
-                        seed: int = 0, grad_clip: float = 1.0) -> list[float]:
-    """AdamW on  -sum(mask * log p(token)) / sum(mask)  over random mini-batches of rows.
+                        seed: int = 0, grad_clip: float = 1.0, check: Callable[[], None] = lambda: None) -> list[float]:
+    """AdamW on  -sum(mask * log p(token)) / sum(mask)  over random mini-batches of rows, `check()` before
+    every step (it may raise to stop: the model is then left as the steps so far made it).
 
-    Returns the loss of every step.
+    Returns the loss of every step. A batch with no rows is a ValueError (there is nothing to learn from).
     """
+    if not batch.input_ids and steps:
+        raise ValueError(f"supervised fine-tuning has no rows to learn from ({steps} steps asked): the "
+                         "demonstrations have no turns")
     device = next(model.parameters()).device
     data = row_tensors(batch, pad_id, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -23,6 +29,7 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
     n_rows = data["input_ids"].shape[0]
     losses = []
     for _ in range(steps):
+        check()
         rows = torch.randint(n_rows, (min(batch_size, n_rows),), generator=generator).tolist()
         mb = select_rows(data, rows)
         logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["loss_mask"])

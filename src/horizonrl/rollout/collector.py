@@ -16,7 +16,11 @@ from horizonrl.records import Episode
 @runtime_checkable
 class Collector(Protocol):
     errors: list[str]
-    """The env errors recovered from during the last `collect` (each closed an episode)."""
+    """The failures of the last `collect`, one cause each (an env error recovered from, which closed its
+    episode; a failed agent); summarised in one warning per batch (rollout/failures.py)."""
+    counts: dict[str, int]
+    """Counters of the last `collect`, each added to the iteration's record under its name, summed over the
+    ranks: the agent groups' gateway counters (`gateway/requests`, ...); none for the others."""
 
     def collect(self) -> list[Episode]:
         """One training batch of episodes (or episode fragments)."""

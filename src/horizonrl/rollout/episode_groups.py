@@ -23,6 +23,7 @@ from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode
+from horizonrl.rollout.failures import log_failures
 from horizonrl.rollout.seeds import first_training_seed
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 from horizonrl.tools.registry import import_target
@@ -59,14 +60,14 @@ class EpisodeGroupCollector:
         self.share = range(n_tasks) if share is None else share
         self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []
+        self.counts: dict[str, int] = {}
 
     def collect(self) -> list[Episode]:
         """`group_size` finished episodes of each of this process's share of the next `n_tasks` training
         seeds, grouped: task by task, rollout by rollout."""
         tasks = [(self.env_ids[j % len(self.env_ids)], self.next_seed + j) for j in self.share]
         self.next_seed += self.n_tasks
-        self.errors = []
-        return asyncio.run(self._collect(tasks))
+        return self._play_all(tasks)
 
     def state_dict(self) -> dict:
         return {"next_seed": self.next_seed}
@@ -80,8 +81,15 @@ class EpisodeGroupCollector:
     def collect_seeds(self, seeds: list[int]) -> list[Episode]:
         """`group_size` finished episodes of the first env id from each of `seeds` (e.g. held-out seeds
         for evaluation), seed by seed; the training seed counter does not move."""
+        return self._play_all([(self.env_ids[0], seed) for seed in seeds])
+
+    def _play_all(self, tasks: list[tuple[str, int]]) -> list[Episode]:
+        """`group_size` rollouts of each (env id, seed) of `tasks`; their env errors in `errors`, logged in one
+        warning."""
         self.errors = []
-        return asyncio.run(self._collect([(self.env_ids[0], seed) for seed in seeds]))
+        episodes = asyncio.run(self._collect(tasks))
+        log_failures(self.errors, "env errors in this batch (an episode one ended is left out of its group)")
+        return episodes
 
     async def _collect(self, tasks: list[tuple[str, int]]) -> list[Episode]:
         free: dict[str, asyncio.Queue] = {env_id: asyncio.Queue() for env_id in self.env_ids}

@@ -8,8 +8,9 @@ bootstrap from its value.
 
 An env call that fails (`EnvError`: it raised or hung, and its handle has rebuilt the env) closes
 the running episode as truncated at its last completed turn, with the error in that turn's `info`;
-the failed turn's sample is dropped, the error is logged and kept in `collector.errors`, and the
-stream starts a new episode. A reset that fails MAX_RESET_ATTEMPTS times in a row stops the run.
+the failed turn's sample is dropped, the error is kept in `collector.errors` (the batch's summarised in
+one warning, rollout/failures.py), and the stream starts a new episode. A reset that fails
+MAX_RESET_ATTEMPTS times in a row stops the run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode
+from horizonrl.rollout.failures import log_failures
 from horizonrl.rollout.seeds import first_training_seed
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 
@@ -36,12 +38,15 @@ class FixedTurnCollector:
         self.streams = [EnvStream(i, env, env.env_id, next_seed=first_training_seed(seed) + i, seed_stride=stride)
                         for i, env in enumerate(envs, start=first_stream)]
         self.errors: list[str] = []
+        self.counts: dict[str, int] = {}
 
     def collect(self) -> list[Episode]:
         """Run every stream for e_len turns; the episode fragments, stream by stream, in time order.
         `self.errors` holds the env errors recovered from during this call."""
         self.errors = []
-        return asyncio.run(self.collect_async())
+        fragments = asyncio.run(self.collect_async())
+        log_failures(self.errors, "env errors recovered from in this batch (each closed its episode)")
+        return fragments
 
     async def collect_async(self) -> list[Episode]:
         fragments = await asyncio.gather(*(self._run_stream(s) for s in self.streams))

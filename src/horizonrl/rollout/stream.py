@@ -144,7 +144,8 @@ def close_on_error(episode: Episode, error: str, stream: EnvStream, agent: Agent
 
 
 def note_errors(errors: list[str], sink: list[str]) -> None:
-    """Log env errors that were recovered from and keep them in `sink` (a collector's `errors`)."""
+    """Keep env errors that were recovered from in `sink` (a collector's `errors`, summarised in one warning
+    per batch: rollout/failures.py), each logged at DEBUG."""
     for error in errors:
-        log.warning("env error, recovered: %s", error)
+        log.debug("env error, recovered: %s", error)
     sink.extend(errors)

@@ -28,6 +28,7 @@ class TaskGroupCollector:
         self.share = range(n_tasks) if share is None else share
         self.next_seed = first_training_seed(seed)
         self.errors: list[str] = []      # the agent loop recovers from tool errors; nothing is lost here
+        self.counts: dict[str, int] = {}
 
     def collect(self) -> list[Episode]:
         """`group_size` finished episodes of each of this process's share of the next `n_tasks` tasks,

@@ -10,7 +10,6 @@ Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where l
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from horizonrl.config import GiGPOConfig, MergeConfig, MicroBatchBudget, PPOConf
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.scoring import prompt_values, score
 from horizonrl.records import Episode, SampleBatch
+from horizonrl.rollout.failures import raise_if_none_succeeded
 from horizonrl.samples.merge import MergeReport, merge_turns, write_mismatches
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.samples.tensors import TurnIndex, row_tensors
@@ -80,26 +80,21 @@ def score_batch(batch: PPOBatch, pad_id: int, budget: MicroBatchBudget, temperat
 def kept_episodes(episodes: list[Episode], ranks: Ranks = LOCAL) -> list[Episode]:
     """The episodes of a group batch that train: those not dropped (an env error or a failed agent put
     "error" in their metrics). Every rank must bring rows to the update's collectives, so when some rank
-    kept none, every rank raises the same RuntimeError (agreed with `Ranks.max` before raising: no rank
-    is left waiting for another), naming how many episodes each rank dropped and the failures that
-    dropped them, the most common first."""
+    kept none, every rank raises the same RolloutsFailed naming how many episodes each rank dropped and the
+    failures that dropped them, the most common first (`raise_if_none_succeeded`)."""
     kept = [e for e in episodes if "error" not in e.metrics]
-    if not ranks.max(int(not kept)):
-        return kept
-    shares = ranks.gather((len(episodes), [e.metrics["error"] for e in episodes if "error" in e.metrics]))
-    if ranks.world_size == 1:
-        where = f"the batch was dropped ({len(shares[0][1])} of {shares[0][0]})"
-    else:
-        empty = [str(rank) for rank, (n, errors) in enumerate(shares) if len(errors) == n]
-        where = (f"the share of rank{'s' * (len(empty) > 1)} {', '.join(empty)} was dropped (dropped per rank: "
-                 + ", ".join(f"{len(errors)} of {n}" for n, errors in shares) + ")")
-    failures = Counter(error for _, errors in shares for error in errors)
-    common = failures.most_common(5)
-    lines = [f"{n} x {error}" for error, n in common]
-    if rest := sum(failures.values()) - sum(n for _, n in common):
-        lines.append(f"{rest} x other failures")
-    raise RuntimeError(f"every episode of {where}, so the update has no rows to train on; the failures, most "
-                       "common first:\n" + "\n".join(lines))
+    raise_if_none_succeeded(len(kept), len(episodes), [e.metrics["error"] for e in episodes if "error" in e.metrics],
+                            "episode of the batch", "the update has no rows to train on", ranks)
+    return kept
+
+
+def played_episodes(episodes: list[Episode], n_turns: int, errors: list[str], ranks: Ranks = LOCAL) -> list[Episode]:
+    """The fragments of a fixed-turn batch of `n_turns` turns on this rank, every one of which trains (an env
+    error closes its episode, keeping the turns before it). When some rank played no turn (every env step
+    failed, `errors`), every rank raises the same RolloutsFailed naming the errors (`raise_if_none_succeeded`)."""
+    raise_if_none_succeeded(sum(len(e.turns) for e in episodes), n_turns, errors, "env step of the batch",
+                            "the update has no rows to train on", ranks)
+    return episodes
 
 
 def turn_layout(values: list[list[float]], mask: Tensor) -> Tensor:

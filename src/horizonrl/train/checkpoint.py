@@ -78,6 +78,17 @@ class TrainingStopped(Exception):
                          f"    horizonrl train --resume {run_dir}")
 
 
+class StoppedBeforeCheckpoint(Exception):
+    """A stop signal ended the run before its first checkpoint (in the warm start, the critic warmup), at a
+    point between two of their steps: nothing was half-written, and there is nothing to resume from."""
+
+    def __init__(self, signum: int, during: str, run_dir: Path | None):
+        self.signum, self.during, self.run_dir = signum, during, run_dir
+        saved = ("before the run folder was made: nothing was saved" if run_dir is None else
+                 f"before the first checkpoint: the run folder {run_dir} has none to resume from")
+        super().__init__(f"stopped by {signal.Signals(signum).name} during {during}, {saved}; start the run again")
+
+
 def save_checkpoint(folder: Path, actor, tokenizer, critic=None, ranks: Ranks = LOCAL) -> Path:
     """Write the model folder `folder` atomically: the actor as a plain Hugging Face model (sharded
     weights gathered whole, adapters merged), a LoRA actor's adapters in `adapter/`, the critic in
@@ -289,10 +300,17 @@ class StopSignals:
     """While active, the first SIGINT or SIGTERM only records its number in `signum` (the loop saves a
     checkpoint and stops at the next iteration boundary, see `Checkpointer`); a second one aborts at
     once with KeyboardInterrupt. The previous handlers come back on exit. Handlers can only be set in
-    the main thread; elsewhere this does nothing."""
+    the main thread; elsewhere this does nothing.
+
+    What runs before the first checkpoint (the warm start, the critic warmup) has nothing to save: it
+    runs `within(phase)` and calls `check` between its steps (seconds apart at most), which ends it with
+    StoppedBeforeCheckpoint once a signal has come, as does the end of the phase."""
 
     def __init__(self):
         self.signum: int | None = None
+        self.phase: str | None = None      # what runs before the first checkpoint, e.g. "the warm start"
+        self._run_dir: Path | None = None
+        self._ranks = LOCAL
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
@@ -305,12 +323,35 @@ class StopSignals:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
+    @contextmanager
+    def within(self, phase: str, run_dir: Path | None = None, ranks: Ranks = LOCAL) -> Iterator[None]:
+        """`phase` (e.g. "the warm start") runs inside, on `ranks` (every one of them enters it), in the run
+        folder `run_dir` (None: not made yet); a signal is told to stop it. A phase that ends with a signal
+        come raises StoppedBeforeCheckpoint, as `check` does."""
+        self.phase, self._run_dir, self._ranks = phase, run_dir, ranks
+        try:
+            yield
+            self.check()
+        finally:
+            self.phase, self._run_dir, self._ranks = None, None, LOCAL
+
+    def check(self) -> None:
+        """Inside `within`: raise StoppedBeforeCheckpoint once a signal has come (on every rank when one
+        reached any: they agree with Ranks.max)."""
+        signum = self._ranks.max(self.signum or 0)
+        if signum:
+            raise StoppedBeforeCheckpoint(signum, self.phase, self._run_dir)
+
     def _handle(self, signum: int, frame) -> None:
         if self.signum is not None:
             raise KeyboardInterrupt
         self.signum = signum
-        log.warning("%s: saving a checkpoint after this iteration, then stopping (send it again to abort at once)",
-                    signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if self.phase is not None:
+            log.warning("%s: stopping %s within seconds, with nothing saved (no checkpoint yet)", name, self.phase)
+        else:
+            log.warning("%s: saving a checkpoint after this iteration, then stopping (send it again to abort at "
+                        "once)", name)
 
 
 class Checkpointer:

@@ -17,6 +17,7 @@ The iteration functions (train/loop.py) read and change only what the context ho
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -50,7 +51,8 @@ from horizonrl.train.warm_start import build_tiny_for_envs, format_warm_start
 class RunContext:
     """One training run's objects. `critic`, `critic_opt` and `critic_loss` exist for ppo only.
     `first_iteration` is where the run starts: 0 (the critic warmup), 1, or after a resumed checkpoint.
-    `ranks`: this process among the run's processes (torchrun); `metrics` is None except on rank 0."""
+    `ranks`: this process among the run's processes (torchrun); `metrics` is None except on rank 0.
+    `splits_explained`: the run was told why its merged rows split (train/loop.py explain_splits)."""
 
     cfg: TrainConfig
     run_dir: Path
@@ -70,6 +72,7 @@ class RunContext:
     critic_opt: torch.optim.Optimizer | None = None
     critic_loss: LossFn | None = None
     ranks: Ranks = LOCAL
+    splits_explained: bool = False
 
     @property
     def pad_id(self) -> int:
@@ -82,7 +85,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     device = device or resolve_device(cfg.device)
     policy_device = torch.device("cpu") if ranks.distributed else device     # learner/sharded_start.py
     if resume is None:
-        run_dir, tokenizer, policy = new_run(cfg, envs, ranks, policy_device)
+        run_dir, tokenizer, policy = new_run(cfg, envs, ranks, policy_device, signals)
     else:                                   # the initial policy; the checkpoint's weights come over it
         run_dir = resume.run_dir
         tokenizer, policy = load_policy(initial_policy_path(cfg, run_dir), policy_device) if ranks.is_main \
@@ -150,24 +153,26 @@ def local_networks(cfg: TrainConfig, actor: PreTrainedModel, device: torch.devic
     return actor, critic, AdaptersOff(actor), sampled
 
 
-def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device
+def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device, signals: StopSignals
             ) -> tuple[Path, PreTrainedTokenizerBase, PreTrainedModel]:
     """(run folder, tokenizer, policy) of a new run: the policy from `model.path`, or a tiny model
     (warm-started as the config says) saved in run_dir/init. Under torchrun rank 0 builds the policy and
     makes the folder, warm-starting on every stream of the run as one process does (so the tiny model
     does not depend on the world size); the other ranks get (run folder, None, None): their shards come
-    from rank 0's policy (learner/sharded_start.py)."""
+    from rank 0's policy (learner/sharded_start.py). A stop signal ends the building of the policy (the
+    warm start) within seconds, before the run folder is made (`signals.within`)."""
     if ranks.is_main:
-        tokenizer, actor = build_policy(cfg, device)
-        if cfg.model.path is None and cfg.model.warm_start:
-            if cfg.task is not None:
-                task_warm_start(actor, tokenizer, cfg)
-            else:
+        warm = cfg.model.path is None and cfg.model.warm_start
+        with signals.within("the warm start" if warm else "the start-up"):
+            tokenizer, actor = build_policy(cfg, device, signals.check)
+            if warm and cfg.task is not None:
+                task_warm_start(actor, tokenizer, cfg, signals.check)
+            elif warm:
                 every_stream = open_envs(cfg.env.ids, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
                                          cfg.env.timeout_s) if ranks.distributed else envs
                 try:
                     format_warm_start(actor, make_agent(tokenizer, cfg.agent), every_stream, cfg.model.warm_start,
-                                      cfg.seed)
+                                      cfg.seed, signals.check)
                 finally:
                     if every_stream is not envs:
                         for env in every_stream:
@@ -185,12 +190,14 @@ def trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def build_policy(cfg: TrainConfig, device: torch.device) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    """(tokenizer, policy): loaded from `model.path`, else a tiny model for the task or the env(s)."""
+def build_policy(cfg: TrainConfig, device: torch.device, check: Callable[[], None] = lambda: None
+                 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """(tokenizer, policy): loaded from `model.path`, else a tiny model for the task (`check()` between the
+    batches of teacher conversations its tokenizer learns from: it raises to stop) or the env(s)."""
     if cfg.model.path is not None:
         return load_policy(cfg.model.path, device)
     if cfg.task is not None:
-        return build_tiny_for_task(cfg, device)
+        return build_tiny_for_task(cfg, device, check)
     envs = [env_registry.make(env_id, **cfg.env.kwargs) for env_id in cfg.env.ids]
     return build_tiny_for_envs(envs, cfg.model.tiny, cfg.seed, device)
 

@@ -16,12 +16,16 @@ Iteration 0 of a ppo run is the critic warmup (`critic_warmup_iteration`). Every
 goes to each metrics sink (metrics.jsonl always) and two sample episodes to trajectories.jsonl; the
 run ends by writing report.html. Every `save_every` iterations, after the last one and when a
 SIGINT/SIGTERM asks the run to stop, the whole training state is saved in checkpoints/
-(train/checkpoint.py), from which `train(..., resume=RUN)` continues exactly.
+(train/checkpoint.py), from which `train(..., resume=RUN)` continues exactly. A stop signal before the
+first checkpoint (the warm start, the critic warmup) ends the run within seconds, with nothing saved
+(StoppedBeforeCheckpoint). An iteration in which every rollout failed ends the run with RolloutsFailed,
+naming the causes; nothing is saved on the way out, so the last checkpoint stays the last good one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from pathlib import Path
 
@@ -39,11 +43,16 @@ from horizonrl.report.html import write_report
 from horizonrl.report.metrics import episode_metrics
 from horizonrl.report.sinks import check_sinks
 from horizonrl.report.trajectories import trajectory_records, write_trajectories
+from horizonrl.rollout.failures import RolloutsFailed
+from horizonrl.samples.split_advice import split_advice
 from horizonrl.train.batch import (PPOBatch, batch_metrics, estimate_advantages, gigpo_advantages_to_tokens,
-                                   group_advantages_to_tokens, kept_episodes, prepare, score_batch)
-from horizonrl.train.checkpoint import StopSignals, TrainingStopped, prepare_resume, save_checkpoint
+                                   group_advantages_to_tokens, kept_episodes, played_episodes, prepare, score_batch)
+from horizonrl.train.checkpoint import (StopSignals, TrainingStopped, complete_checkpoints, prepare_resume,
+                                        save_checkpoint)
 from horizonrl.train.context import RunContext, start_run
 from horizonrl.train.warmup import critic_warmup
+
+log = logging.getLogger(__name__)
 
 
 def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -> Path:
@@ -51,7 +60,8 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
 
     `resume`: continue that run folder (`cfg`: its config, see checkpoint.resume_config) from its last
     checkpoint. A SIGINT or SIGTERM stops the run at the next iteration boundary with a checkpoint, and
-    TrainingStopped is raised once report.html is written.
+    TrainingStopped is raised once report.html is written; before the first checkpoint (the warm start,
+    the critic warmup) it stops the run within seconds with StoppedBeforeCheckpoint, nothing saved.
 
     Launched by torchrun (WORLD_SIZE set), every rank runs this same function on its share of the
     streams or tasks (see train/context.py); rank 0 alone writes the logs and the report."""
@@ -107,23 +117,36 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
 
 def run_iterations(ctx: RunContext, progress: bool) -> None:
     """Iterations ctx.first_iteration..cfg.iterations of the run's algorithm (fewer when cfg.budget is spent
-    first), each followed by a checkpoint when one is due (or a stop signal asked for one)."""
+    first), each followed by a checkpoint when one is due (or a stop signal asked for one). An iteration whose
+    rollouts all failed raises RolloutsFailed, naming the iteration and what the run folder keeps."""
     cfg = ctx.cfg
     iterate = ppo_iteration if cfg.algorithm == "ppo" else group_iteration
     bar = tqdm(range(ctx.first_iteration, cfg.iterations + 1), desc=cfg.name, disable=not progress,
                dynamic_ncols=True)
     for i in bar:
-        record = critic_warmup_iteration(ctx) if i == 0 else iterate(ctx, i)
+        try:
+            record = critic_warmup_iteration(ctx) if i == 0 else iterate(ctx, i)
+        except RolloutsFailed as failed:
+            raise RolloutsFailed(f"iteration {i}: {failed}\n{what_is_kept(ctx)}") from None
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
         if ctx.checkpointer.iteration_done(i):
             break                                               # the budget is spent
+
+
+def what_is_kept(ctx: RunContext) -> str:
+    """What the run folder of a run that ends on an error keeps (nothing is saved on the way out)."""
+    saved = complete_checkpoints(ctx.run_dir)
+    if not saved:
+        return f"The run folder {ctx.run_dir} has no checkpoint yet; nothing was saved on the way out."
+    return (f"The run folder {ctx.run_dir} keeps its last checkpoint, {saved[-1].name}; nothing was saved on the way "
+            f"out. Once the cause is fixed, continue with:\n    horizonrl train --resume {ctx.run_dir}")
 
 
 def ppo_iteration(ctx: RunContext, i: int) -> dict:
     """PPO with dual-discount GAE on a fixed-turn batch; returns the iteration's metrics record."""
     cfg, optim = ctx.cfg, ctx.cfg.optim
     clock = Stopwatch()
-    episodes = ctx.collector.collect()                         # n_env streams x e_len turns
+    episodes = collect_turns(ctx)                               # n_env streams x e_len turns
     ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
     batch = score(ctx, episodes, ctx.critic)                    # values_old (+ logp_old, logp_ref) per token
@@ -171,17 +194,28 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
 
 def critic_warmup_iteration(ctx: RunContext) -> dict:
     """Iteration 0 of ppo: `critic.warmup_batches` batches collected with the initial policy, then the
-    critic alone fitted to them (train/warmup.py); returns the metrics record."""
+    critic alone fitted to them (train/warmup.py); returns the metrics record. A stop signal ends it between
+    two batches, before the first checkpoint (StoppedBeforeCheckpoint)."""
     clock = Stopwatch()
     batches, errors = [], 0
-    for _ in range(ctx.cfg.critic.warmup_batches):
-        batches.append(score(ctx, ctx.collector.collect(), critic=None, updates_actor=False))  # values: critic_warmup
-        errors += len(ctx.collector.errors)
-    stats = critic_warmup(ctx, batches)
+    signals = ctx.checkpointer.signals
+    with signals.within("the critic warmup", ctx.run_dir, ctx.ranks):
+        for _ in range(ctx.cfg.critic.warmup_batches):
+            signals.check()
+            batches.append(score(ctx, collect_turns(ctx), critic=None, updates_actor=False))  # values: critic_warmup
+            errors += len(ctx.collector.errors)
+        stats = critic_warmup(ctx, batches)
     clock.lap("warmup")
     record = {"iteration": 0, "phase": "critic_warmup", "env/errors": int(ctx.ranks.sum([errors])[0]),
               **episode_metrics([e for b in batches for e in b.episodes], ctx.ranks), **stats, **clock.laps}
     return write_records(ctx, record, batches[-1])
+
+
+def collect_turns(ctx: RunContext) -> list[Episode]:
+    """This rank's share of a fixed-turn batch (n_env streams x e_len turns); when some rank played no turn, an
+    error on every rank (`played_episodes`)."""
+    collector = ctx.collector
+    return played_episodes(collector.collect(), len(collector.streams) * collector.e_len, collector.errors, ctx.ranks)
 
 
 def score(ctx: RunContext, episodes: list[Episode], critic, updates_actor: bool = True) -> PPOBatch:
@@ -219,18 +253,34 @@ def sync_engine(ctx: RunContext) -> None:
 
 def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], batch: PPOBatch,
                   timings: dict[str, float], update_stats: dict[str, float]) -> dict:
-    """The iteration's record: env statistics of every collected episode, the update's statistics (with
-    the KL to the reference and the sampler's consistency), the batch's (data, critic fit), throughput and
-    timings; every rank's, reduced from each rank's sums and counts (no episode or row crosses the ranks)."""
-    generated, trained, errors = ctx.ranks.sum([sum(len(t.response_ids) for e in batch.episodes for t in e.turns),
-                                                float(batch.data["attention_mask"].sum()), len(ctx.collector.errors)])
-    record = {"iteration": i, "phase": phase, "env/errors": int(errors),
+    """The iteration's record: env statistics of every collected episode, the collector's counts (the
+    gateway's, `gateway/*`), the update's statistics (with the KL to the reference and the sampler's
+    consistency), the batch's (data, critic fit), throughput and timings; every rank's, reduced from each
+    rank's sums and counts (no episode or row crosses the ranks)."""
+    counts = ctx.collector.counts
+    generated, trained, errors, *counted = ctx.ranks.sum([
+        sum(len(t.response_ids) for e in batch.episodes for t in e.turns), float(batch.data["attention_mask"].sum()),
+        len(ctx.collector.errors), *counts.values()])
+    record = {"iteration": i, "phase": phase, "env/errors": int(errors), **dict(zip(counts, map(int, counted))),
               **episode_metrics(episodes, ctx.ranks), **update_stats,
               **batch_metrics(batch, ctx.ranks),
               "perf/rollout_tokens_per_s": generated / timings["timing/rollout_s"],
               "perf/train_tokens_per_s": trained / (timings["timing/score_s"] + timings["timing/update_s"]),
               **timings}
+    explain_splits(ctx, record)
     return write_records(ctx, record, batch)
+
+
+def explain_splits(ctx: RunContext, record: dict) -> None:
+    """Once per run (rank 0 logs it): why most of the turns of the iteration of `record` that could have merged
+    split, when they did (samples/split_advice.py). Every rank sees the same record, so agrees."""
+    if ctx.splits_explained or "data/merge/turns" not in record:
+        return
+    advice = split_advice(record)
+    if advice is not None:
+        ctx.splits_explained = True
+        if ctx.ranks.is_main:
+            log.warning(advice)
 
 
 def write_records(ctx: RunContext, record: dict, batch: PPOBatch) -> dict:

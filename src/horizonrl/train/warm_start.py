@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 
 from horizonrl.agents.agent import Agent
 from horizonrl.agents.prompt import RESPONSE_FORMAT, plan_text, restate, system_prompt
@@ -22,6 +23,7 @@ from horizonrl.envs.base import TextEnv
 from horizonrl.learner.models import build_tiny_policy
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.learner.tokenizer import train_bpe_tokenizer
+from horizonrl.rollout.failures import raise_if_none_succeeded
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.samples.per_turn import per_turn
 
@@ -67,17 +69,26 @@ def build_tiny(corpus: list[str], tiny: TinyModel, seed: int, device, individual
     return tokenizer, model.to(device)
 
 
-def format_warm_start(model, agent: Agent, envs: list, warm_start: WarmStart, seed: int) -> list[float]:
+def format_warm_start(model, agent: Agent, envs: list, warm_start: WarmStart, seed: int,
+                      check: Callable[[], None]) -> list[float]:
     """Fine-tune `model` in place to answer in the THINK/ACTION format with uniformly random actions,
-    on exactly the prompts `agent` builds; returns the loss of every step."""
+    on exactly the prompts `agent` builds; returns the loss of every step. `check()` before every batch of
+    demonstrations and every step (it raises to stop). A first batch in which every env step failed raises
+    RolloutsFailed."""
     tokenizer = agent.tokenizer
     demonstrator = RandomFormatEngine(tokenizer, envs[0].actions, seed=seed)
     collector = FixedTurnCollector(envs, agent, demonstrator, SamplingParams(stop_patterns=agent.stop_patterns),
                                    warm_start.turns, seed=seed + 7919)
-    demos = [episode for _ in range(warm_start.iterations) for episode in collector.collect()]
+    demos = []
+    for _ in range(warm_start.iterations):
+        check()
+        demos += collector.collect()
+        raise_if_none_succeeded(sum(len(e.turns) for e in demos), len(envs) * warm_start.turns, collector.errors,
+                                "env step of the warm start's first batch", "there is nothing to learn from; "
+                                "nothing was saved")
+    log.info("warm start: %d steps on %d demonstration turns", warm_start.steps, sum(len(e.turns) for e in demos))
     losses = supervised_finetune(model, per_turn(demos), tokenizer.pad_token_id, warm_start.steps,
-                                 warm_start.batch_size, warm_start.lr, seed=seed)
+                                 warm_start.batch_size, warm_start.lr, seed=seed, check=check)
     if losses:
-        log.info("warm start: %d demonstration turns, loss %.3f -> %.3f",
-                 sum(len(e.turns) for e in demos), losses[0], losses[-1])
+        log.info("warm start: loss %.3f -> %.3f", losses[0], losses[-1])
     return losses

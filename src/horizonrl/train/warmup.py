@@ -2,6 +2,8 @@
 
 Collect `critic.warmup_batches` fixed-turn batches once; then for `critic.warmup_iters` passes:
 re-score the values with the current critic, recompute GAE, and update the critic alone on every batch.
+It runs before the run's first checkpoint, which it ends (iteration 0): a stop signal ends it between two
+batches (StopSignals.check, on every rank), with nothing saved.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ if TYPE_CHECKING:
 
 
 def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
-    """Train ctx.critic only; returns its loss statistics and its final explained variance (over every
-    rank's tokens)."""
+    """Train ctx.critic only, inside `ctx.checkpointer.signals.within(...)` (checked before every batch of every
+    pass); returns its loss statistics and its final explained variance (over every rank's tokens)."""
     cfg, optim, stats = ctx.cfg, ctx.cfg.optim, Stats()
     for _ in range(cfg.critic.warmup_iters):
         for batch in batches:
+            ctx.checkpointer.signals.check()
             score_batch(batch, ctx.pad_id, optim.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
             estimate_advantages(batch, cfg.ppo, ctx.ranks)
             minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, 1, ctx.shuffle,
