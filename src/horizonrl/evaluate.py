@@ -35,7 +35,8 @@ from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import precision, resolve_device
 from horizonrl.learner.models import BUILTIN, load_policy, resolve_model_path
 from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary
-from horizonrl.rollout.episode_groups import EpisodeGroupCollector
+from horizonrl.rollout.episode_groups import EnvEpisodes
+from horizonrl.rollout.groups import GroupCollector
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.rollout.seeds import HELD_OUT_START, SEED_BLOCK, held_out_seeds, max_training_episodes
 
@@ -109,8 +110,8 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
             try:
                 for mode in modes:
                     params = sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode])
-                    collector = EpisodeGroupCollector(envs, [env_id], agent, engine, params, n_tasks=len(seeds),
-                                                      group_size=1, max_turns=max_steps)
+                    collector = GroupCollector(EnvEpisodes(envs, [env_id], agent, engine, params, max_steps),
+                                               n_tasks=len(seeds), group_size=1)
                     started = time.perf_counter()
                     summary = episode_summary(collector.collect_seeds(seeds))
                     summary["seconds"] = time.perf_counter() - started

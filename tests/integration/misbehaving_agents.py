@@ -7,6 +7,7 @@
     slow                         the example agent, 0.2 s late; touches the file $MARKER on its first call
     sends_tool_calls_as_text     the example agent, but its history holds its tool calls as assistant text (as
                                  smolagents sends them), so each call's prompt re-renders the previous answer
+    forces_a_tool_call           asks for a call with tool_choice "required" (as smolagents does on every call)
 """
 
 import asyncio
@@ -38,6 +39,13 @@ async def slow(task: dict, base_url: str) -> float:
     Path(os.environ["MARKER"]).touch()
     await asyncio.sleep(0.2)
     return await example(task, base_url)
+
+
+async def forces_a_tool_call(task: dict, base_url: str) -> float:
+    async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+        await client.chat.completions.create(model="policy", messages=task["messages"], tools=[CALCULATOR],
+                                             tool_choice="required")
+    return 1.0
 
 
 async def sends_tool_calls_as_text(task: dict, base_url: str) -> float:

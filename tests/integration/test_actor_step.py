@@ -83,3 +83,39 @@ def test_the_entropy_bonus_raises_the_entropy_and_a_negative_coefficient_lowers_
     n = float(rows["loss_mask"].sum())
     change = (total(after, "entropy", rows["loss_mask"]) - total(before, "entropy", rows["loss_mask"])) / n
     assert change * entropy_coef > 1e-3, change
+
+
+def epochs_of_updates(model, data, epochs: int, lr: float) -> tuple[torch.nn.Module, Stats]:
+    """A copy of `model` after `epochs` epochs of one AdamW step each on all rows of `data`, and their statistics."""
+    actor = copy.deepcopy(model)
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=lr, weight_decay=0.0)
+    loss_fn = actor_loss_fn(actor, clip_low=0.2, clip_high=0.2, dual_clip=None, entropy_coef=0.0,
+                            loss_agg="token-mean", temperature=1.0)
+    stats = Stats()
+    minibatch_updates(data, len(data["input_ids"]), MicroBatchBudget(len(data["input_ids"])), epochs,
+                      torch.Generator().manual_seed(0), [(optimizer, loss_fn, 1.0, stats)])
+    return actor, stats
+
+
+def test_the_second_epoch_clips_against_the_policy_before_the_update(river_tiny, rows):
+    """The ratio of a later epoch is pi_1 / pi_old, pi_old the policy scored before the update (`logp_old`), not
+    the current parameters: with A = +1 on every token, epoch 1 (ratio 1) has surrogate -1 per token and epoch 2
+    -mean_t min(r_t, clip(r_t, 0.8, 1.2)), r_t = exp(logp_1 - logp_old), pi_1 scored here from a copy stepped once.
+    A logp_old copied from the current parameters (the forward's own, detached) gives r = 1 again: -1, no clip."""
+    model, mask = river_tiny[1], rows["loss_mask"]
+    budget, n = MicroBatchBudget(len(rows["input_ids"])), float(mask.sum())
+    data = {**rows, "advantages": mask.clone()}
+    data["logp_old"] = score(data, budget, actor=model)["logp_old"]
+    stepped_once, _ = epochs_of_updates(model, data, 1, lr=1e-2)
+    ratio = torch.exp(score(data, budget, actor=stepped_once)["logp_old"] - data["logp_old"])
+    expected = float(-(torch.minimum(ratio, ratio.clamp(0.8, 1.2)) * mask).sum() / n)
+    clipped = float(((ratio > 1.2) * mask).sum() / n)
+    assert clipped > 0.1 and expected > -1.2, (clipped, expected)
+
+    _, stats = epochs_of_updates(model, data, 2, lr=1e-2)
+    second_epoch = 2 * stats.sums["pg_loss"] / stats.counts["pg_loss"] + 1          # the mean over both, less epoch 1
+    assert abs(second_epoch - expected) < 1e-4, (second_epoch, expected)
+    assert abs(2 * stats.sums["clipfrac"] / stats.counts["clipfrac"] - clipped) < 1e-6
+
+    _, wrong = epochs_of_updates(model, {k: v for k, v in data.items() if k != "logp_old"}, 2, lr=1e-2)
+    assert wrong.sums["clipfrac"] == 0 and abs(wrong.sums["pg_loss"] / wrong.counts["pg_loss"] + 1) < 1e-6

@@ -24,8 +24,9 @@ from horizonrl.cli import main
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine
 from horizonrl.gateway import Gateway, Recorder
-from horizonrl.gateway.agent_groups import AgentGroupCollector, RunSampling
+from horizonrl.gateway.agent_groups import GatewayAgents, RunSampling
 from horizonrl.report.metrics import read_metrics
+from horizonrl.rollout.groups import GroupCollector
 from horizonrl.samples.merge import merge_turns
 from horizonrl.tasks import arithmetic
 from horizonrl.tools.registry import import_target
@@ -37,8 +38,8 @@ def collector(tokenizer, agent, tasks, group_size=2, reward_fn=None, timeout_s=3
     engine = engine or ScriptedEngine(tokenizer, arithmetic.teacher(tasks, mistake_rate=0.0))
     gateway = Gateway(engine, tokenizer, "policy", 32768, (tokenizer.eos_token_id,), Recorder(issued_only=True),
                       max_tokens_limit=64, max_n=1)
-    return AgentGroupCollector(agent, lambda seed: tasks[seed % len(tasks)], gateway, len(tasks), group_size,
-                               reward_fn, timeout_s)
+    agents = GatewayAgents(agent, lambda seed: tasks[seed % len(tasks)], gateway, reward_fn, timeout_s)
+    return GroupCollector(agents, len(tasks), group_size)
 
 
 def run(tokenizer, agent, tasks, **kwargs):
@@ -347,6 +348,17 @@ def test_an_agent_that_always_fails_ends_the_warm_start_with_one_message_naming_
     assert warnings(caplog) == [      # one for the batch, none per rollout
         "8 of 8 rollouts dropped from their groups: agent raised RuntimeError: the agent's search tool is down (8)"]
     assert not list(tmp_path.iterdir())                         # no run folder
+
+
+def test_an_agent_that_needs_constrained_decoding_fails_at_its_first_call_without_tis(tmp_path, capsys):
+    """A forced tool call is sampled under a grammar, which the learner corrects only by TIS: without actor.tis_cap
+    the gateway refuses it from the warm start on (whose teacher would answer it), so the run ends there."""
+    assert main(["train", RECIPE, f"task.agent={AGENTS}:forces_a_tool_call", *SMALL, f"output_dir={tmp_path}",
+                 "--quiet"]) == 1
+    error = capsys.readouterr().err
+    assert "every teacher rollout of the warm start's first batch failed (8 of 8)" in error
+    assert "tool_choice: constrained decoding" in error and "set actor.tis_cap" in error
+    assert not list(tmp_path.iterdir())
 
 
 def test_an_iteration_whose_rollouts_all_fail_ends_the_run_and_keeps_the_last_checkpoint(tmp_path, capsys, caplog):

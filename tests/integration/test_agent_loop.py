@@ -13,7 +13,8 @@ from horizonrl.records import Task
 from horizonrl.rollout.agent_loop import (AgentLoop, State, Trajectory, generating, interacting, pending,
                                           processing_tools)
 from horizonrl.rollout.interaction import Feedback, MultiTurnScheduler, as_interaction
-from horizonrl.rollout.task_groups import TaskGroupCollector
+from horizonrl.rollout.groups import GroupCollector
+from horizonrl.rollout.task_groups import AgentLoopTasks
 from horizonrl.samples.merge import merge_turns
 from horizonrl.tasks import arithmetic
 from horizonrl.tools import calculator, tool, tool_table
@@ -187,7 +188,7 @@ def test_scheduler_extra_info_reaches_the_reward_function(qwen_tokenizer):
 
     loop = scripted(tok, ["The answer is 6.", "The answer is 5."] * 2, tools={},
                     interaction_factory=lambda: as_interaction(Verifier(max_turns=4)))
-    collector = TaskGroupCollector(loop, lambda seed: TASK, n_tasks=1, group_size=2, reward_fn=reward_fn)
+    collector = GroupCollector(AgentLoopTasks(loop, lambda seed: TASK, reward_fn), n_tasks=1, group_size=2)
     episodes = collector.collect()
     assert [e.outcome_reward for e in episodes] == [1.0, 1.0] and seen[0] == [{"verdict": "wrong", "turn": 1}, {}]
     assert all(e.group_id == "t/0" and e.metrics["success"] == 1.0 for e in episodes)
@@ -200,7 +201,7 @@ def test_arithmetic_task_with_its_teacher(qwen_tokenizer, feedback):
     assert len({t.data["expression"] for t in tasks}) == 8 and arithmetic.make_task(3) == tasks[3]
     loop = AgentLoop(tok, ScriptedEngine(tok, arithmetic.teacher(tasks, mistake_rate=0.5, seed=1)),
                      SamplingParams(max_tokens=64), tools=tool_table([calculator]), feedback=feedback)
-    collector = TaskGroupCollector(loop, arithmetic.make_task, n_tasks=8, group_size=1, reward_fn=arithmetic.reward)
+    collector = GroupCollector(AgentLoopTasks(loop, arithmetic.make_task, arithmetic.reward), n_tasks=8, group_size=1)
     episodes = collector.collect()
     rewards = [e.outcome_reward for e in episodes]
     assert set(rewards) == {0.0, 1.0}                       # the teacher's slips are caught by the reward

@@ -6,14 +6,16 @@ from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import RandomFormatEngine
 from horizonrl.envs.pool import open_envs
-from horizonrl.rollout.episode_groups import EpisodeGroupCollector, episode_return, load_reward_fn
+from horizonrl.rollout.episode_groups import EnvEpisodes, episode_return, load_reward_fn
+from horizonrl.rollout.groups import GroupCollector
 
 
 def collector_for(tokenizer, n_tasks, n_handles=2, max_turns=30, reward_fn=episode_return):
     handles = open_envs("river", {"stones": 2, "max_steps": 6}, n_handles, workers=False, timeout_s=10)
     engine = RandomFormatEngine(tokenizer, handles[0].actions, seed=0)
-    return EpisodeGroupCollector(handles, ["river"], Agent(tokenizer), engine, SamplingParams(), n_tasks=n_tasks,
-                                 group_size=4, max_turns=max_turns, reward_fn=reward_fn, seed=1)
+    episodes = EnvEpisodes(handles, ["river"], Agent(tokenizer), engine, SamplingParams(), max_turns=max_turns,
+                           reward_fn=reward_fn)
+    return GroupCollector(episodes, n_tasks=n_tasks, group_size=4, seed=1)
 
 
 def test_groups_are_whole_episodes_from_one_seed(river_tiny):

@@ -9,7 +9,8 @@ from horizonrl.config import load_config
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import RandomFormatEngine
 from horizonrl.envs.pool import open_envs
-from horizonrl.rollout.episode_groups import EpisodeGroupCollector
+from horizonrl.rollout.episode_groups import EnvEpisodes
+from horizonrl.rollout.groups import GroupCollector
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.seeds import (HELD_OUT_COUNT, HELD_OUT_START, SEED_BLOCK, first_training_seed, held_out_seeds,
                                      max_training_episodes)
@@ -46,8 +47,8 @@ def test_collectors_follow_the_training_rule(river_tiny, run_seed):
     envs = open_envs("river", {"stones": 2, "max_steps": 3}, 3, workers=False, timeout_s=10)
     engine = RandomFormatEngine(tokenizer, envs[0].actions, seed=0)
     fixed = FixedTurnCollector(envs, Agent(tokenizer), engine, SamplingParams(), e_len=4, seed=run_seed)
-    groups = EpisodeGroupCollector(envs, ["river"], Agent(tokenizer), engine, SamplingParams(), n_tasks=4,
-                                   group_size=2, max_turns=3, seed=run_seed)
+    groups = GroupCollector(EnvEpisodes(envs, ["river"], Agent(tokenizer), engine, SamplingParams(), max_turns=3),
+                            n_tasks=4, group_size=2, seed=run_seed)
     fixed_seeds = {e.seed for _ in range(3) for e in fixed.collect()}
     group_seeds = {e.seed for _ in range(2) for e in groups.collect()}
     start = first_training_seed(run_seed)

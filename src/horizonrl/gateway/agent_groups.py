@@ -1,4 +1,5 @@
-"""Agent-group collector: agents we did not write (`task.agent`, OpenAI API clients) as group rollouts.
+"""Agents we did not write (`task.agent`, OpenAI API clients) as group rollouts: `GroupCollector(GatewayAgents(...),
+n_tasks, group_size)` (rollout/groups.py).
 
 Each of `n_tasks` tasks is given to `group_size` agents at once, `await agent(task, base_url)` with
 `task` the Task as a dict (task_id, seed, messages, data) and `base_url` its own rollout URL on the
@@ -14,7 +15,7 @@ rewards posted there become the turns' rewards (GiGPO's step rewards). An agent 
 `timeout_s`, never calls the model or ends with no reward is counted in `errors` (its cause, e.g. "agent
 raised BadRequestError: ..."; each logged at DEBUG, the batch's summarised in one warning by cause,
 rollout/failures.py); its episode carries the same cause in `metrics["error"]`, so the group estimators
-leave it out of its group: never a silent 0. `counts` holds what the gateway counted during the last batch
+leave it out of its group: never a silent 0. A batch's counts are what the gateway counted during it
 (`gateway/<name>` for each of its `stats`: requests, errors, server_errors, ...).
 
 The agents share one event loop, so an agent that blocks it (a synchronous client such as `openai.OpenAI`
@@ -28,11 +29,12 @@ the GIL for much of the time, which delays the loop without any agent blocking i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import asdict, replace
 
 from horizonrl.engines.base import Engine, Generation, SamplingParams
@@ -41,8 +43,6 @@ from horizonrl.gateway.recorder import Rollout
 from horizonrl.gateway.server import Gateway, GatewayThread
 from horizonrl.records import Episode, Task, Turn
 from horizonrl.rollout.episode_groups import RewardFn
-from horizonrl.rollout.failures import log_failures
-from horizonrl.rollout.seeds import first_training_seed
 
 log = logging.getLogger(__name__)
 AgentFn = Callable[[dict, str], Awaitable[float | None]]
@@ -118,44 +118,46 @@ def response_text(response: dict) -> str:
     return response.get("content") or response.get("text") or ""
 
 
-class AgentGroupCollector:
-    def __init__(self, agent: AgentFn, make_task: Callable[[int], Task], gateway: Gateway, n_tasks: int,
-                 group_size: int, reward_fn: RewardFn | None = None, timeout_s: float = 300.0, seed: int = 0,
-                 share: range | None = None):
+class GatewayAgents:
+    """The player (rollout/groups.py) of the user's agents through the gateway: task j of a batch is
+    `make_task(seed)`."""
+
+    failures = "of {rollouts} rollouts dropped from their groups"
+
+    def __init__(self, agent: AgentFn, make_task: Callable[[int], Task], gateway: Gateway,
+                 reward_fn: RewardFn | None = None, timeout_s: float = 300.0):
         """`gateway`: serves the engine, with a Recorder that accepts only the rollout ids issued here; it runs
-        in a thread of its own from the first `collect` until `close`. `share`: which of each batch's `n_tasks`
-        tasks this process plays (a rank of a torchrun job; default all)."""
+        in a thread of its own from the first batch until `close`."""
         self.agent, self.make_task, self.gateway, self.reward_fn = agent, make_task, gateway, reward_fn
-        self.n_tasks, self.group_size, self.timeout_s = n_tasks, group_size, timeout_s
-        self.share = range(n_tasks) if share is None else share
-        self.next_seed = first_training_seed(seed)
-        self.errors: list[str] = []
-        self.counts: dict[str, int] = {}
+        self.timeout_s = timeout_s
         self.block_reported = False
         self._server: GatewayThread | None = None
         self._base_url = ""
+        self._blocked = [0.0]     # the batch's agents' long steps, in seconds (LongSteps)
 
-    def collect(self) -> list[Episode]:
-        """`group_size` episodes of each of this process's share of the next `n_tasks` tasks, task by task,
-        rollout by rollout (failed ones with metrics["error"]). When it returns, no model call of theirs is in
-        flight: a call an agent gave up on (a timeout) is awaited to its end, as the engine must be idle for
-        the update and the weight sync that follow (engines/base.py)."""
-        tasks = [self.make_task(self.next_seed + j) for j in self.share]
-        self.next_seed += self.n_tasks
-        return self.run(tasks)
+    def task(self, j: int, seed: int) -> Task:
+        return self.make_task(seed)
 
-    def run(self, tasks: list[Task]) -> list[Episode]:
-        """`group_size` agents on each of `tasks`, all at once, through the gateway; their failures logged in one
-        warning, what the gateway counted meanwhile in `counts`."""
-        self.errors = []
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[dict[str, int]]:
+        """The gateway served (from the first batch on); what it counted during the batch, as `gateway/<name>`;
+        a batch whose agents blocked their event loop for most of its time reported (once per run). When the
+        batch ends no model call of its rollouts is in flight: a call an agent gave up on (a timeout) was
+        awaited to its end, as the engine must be idle for the update and the weight sync that follow."""
         if self._server is None:
             self._server = GatewayThread(self.gateway)
             self._base_url = self._server.start()
-        before = dict(self.gateway.stats)
-        episodes = asyncio.run(self._run(tasks, self._base_url))
-        self.counts = {f"gateway/{name}": n - before.get(name, 0) for name, n in self.gateway.stats.items()}
-        log_failures(self.errors, f"of {len(episodes)} rollouts dropped from their groups")
-        return episodes
+        before, counts = dict(self.gateway.stats), {}
+        self._blocked, started = [0.0], time.monotonic()
+        yield counts
+        counts.update({f"gateway/{name}": n - before.get(name, 0) for name, n in self.gateway.stats.items()})
+        elapsed = time.monotonic() - started
+        if self._blocked[0] > max(1.0, BLOCKED_SHARE * elapsed) and not self.block_reported:
+            self.block_reported = True
+            log.warning("the agents blocked their event loop for %.1f s of the batch's %.1f s: an agent runs "
+                        "blocking code inside `async def`, e.g. openai.OpenAI where openai.AsyncOpenAI is needed, "
+                        "so the batch's rollouts wait for each other (reported once per run)", self._blocked[0],
+                        elapsed)
 
     def close(self) -> None:
         """Stop the gateway (it waits for the calls in flight)."""
@@ -163,31 +165,15 @@ class AgentGroupCollector:
             self._server.stop()
             self._server = None
 
-    def state_dict(self) -> dict:
-        return {"next_seed": self.next_seed}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.next_seed = state["next_seed"]
-
-    async def _run(self, tasks: list[Task], base_url: str) -> list[Episode]:
-        blocked, started = [0.0], time.monotonic()
-        jobs = [self._rollout(task, k, base_url, blocked) for task in tasks for k in range(self.group_size)]
-        episodes = list(await asyncio.gather(*jobs))
-        elapsed = time.monotonic() - started
-        if blocked[0] > max(1.0, BLOCKED_SHARE * elapsed) and not self.block_reported:
-            self.block_reported = True
-            log.warning("the agents blocked their event loop for %.1f s of the batch's %.1f s: an agent runs "
-                        "blocking code inside `async def`, e.g. openai.OpenAI where openai.AsyncOpenAI is needed, "
-                        "so the batch's rollouts wait for each other (reported once per run)", blocked[0], elapsed)
-        return episodes
-
-    async def _rollout(self, task: Task, k: int, base_url: str, blocked: list[float]) -> Episode:
+    async def play(self, task: Task, k: int, errors: list[str]) -> Episode:
+        """Agent k on `task`, on its own rollout URL; a failure (it raised, timed out, made no call, gave no
+        reward) is dropped from its group with the cause in metrics["error"] and `errors`."""
         rollout_id = f"seed{task.seed}-r{k}"                   # URL-safe, unique over the run's batches
         self.gateway.recorder.issue(rollout_id)
         failure, returned = None, None
         try:
-            agent = self.agent(asdict(task), f"{base_url}/rollouts/{rollout_id}/v1")
-            returned = await asyncio.wait_for(LongSteps(agent, blocked), self.timeout_s)
+            agent = self.agent(asdict(task), f"{self._base_url}/rollouts/{rollout_id}/v1")
+            returned = await asyncio.wait_for(LongSteps(agent, self._blocked), self.timeout_s)
         except asyncio.TimeoutError:
             failure = f"timed out after {self.timeout_s} s"
         except Exception as error:                              # the agent's own bug or its client's error
@@ -198,9 +184,9 @@ class AgentGroupCollector:
         if failure is None:
             failure, reward = self._outcome(episode, returned, rollout.reward)
         if failure is not None:
-            self.errors.append(f"agent {failure}")
+            errors.append(f"agent {failure}")
             log.debug("%s dropped from its group: the agent %s", episode.episode_id, failure)
-            episode.metrics = {"error": self.errors[-1]}
+            episode.metrics = {"error": errors[-1]}
             return episode
         episode.outcome_reward = reward
         episode.metrics = {"return": reward, "length": len(episode.turns), "success": float(reward > 0)}

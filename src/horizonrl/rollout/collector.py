@@ -1,9 +1,8 @@
 """The Collector protocol: what a training iteration collects its episodes from.
 
-FixedTurnCollector (PPO: n_env streams x e_len turns, episodes cut at the batch boundary),
-EpisodeGroupCollector (group algorithms on an env: n_tasks seeds x group_size whole episodes),
-TaskGroupCollector (group algorithms on agent-loop tasks) and AgentGroupCollector (group algorithms on the
-user's own OpenAI-API agents, through the gateway) all have this shape.
+FixedTurnCollector (PPO: n_env streams x e_len turns, episodes cut at the batch boundary) and GroupCollector
+(group algorithms: n_tasks tasks x group_size whole episodes, rollout/groups.py, whose players are env
+episodes, agent-loop tasks and the user's own OpenAI-API agents through the gateway) have this shape.
 """
 
 from __future__ import annotations

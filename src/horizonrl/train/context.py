@@ -38,9 +38,10 @@ from horizonrl.learner.sharded_start import sharded_networks
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
 from horizonrl.report.sinks import MetricsSinks
 from horizonrl.rollout.collector import Collector
-from horizonrl.rollout.episode_groups import EpisodeGroupCollector, load_reward_fn
+from horizonrl.rollout.episode_groups import EnvEpisodes, load_reward_fn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
+from horizonrl.rollout.groups import GroupCollector
 from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
                                         save_checkpoint)
 from horizonrl.train.tasks import build_tiny_for_task, task_collector, task_warm_start
@@ -111,10 +112,10 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         collector = task_collector(cfg, tokenizer, engine, params, actor.config.max_position_embeddings,
                                    ranks.share(cfg.group.n_tasks))
     else:
-        collector = EpisodeGroupCollector(envs, cfg.env.ids, agent, engine, params, cfg.group.n_tasks,
-                                          cfg.group.group_size, cfg.group.max_turns,
-                                          load_reward_fn(cfg.group.reward_fn), cfg.seed,
-                                          ranks.share(cfg.group.n_tasks))
+        episodes = EnvEpisodes(envs, cfg.env.ids, agent, engine, params, cfg.group.max_turns,
+                               load_reward_fn(cfg.group.reward_fn))
+        collector = GroupCollector(episodes, cfg.group.n_tasks, cfg.group.group_size, cfg.seed,
+                                   ranks.share(cfg.group.n_tasks))
     critic_opt = critic_loss = None
     actor_opt = torch.optim.AdamW(trainable(actor), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
     actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,

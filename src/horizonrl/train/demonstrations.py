@@ -13,7 +13,8 @@ from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import ExpertEngine
 from horizonrl.envs.pool import InProcessEnv
 from horizonrl.records import Episode
-from horizonrl.rollout.episode_groups import EpisodeGroupCollector
+from horizonrl.rollout.episode_groups import EnvEpisodes
+from horizonrl.rollout.groups import GroupCollector
 
 
 def expert_episodes(agent: Agent, env_id: str, env_kwargs: dict, episodes: int, max_turns: int,
@@ -25,9 +26,9 @@ def expert_episodes(agent: Agent, env_id: str, env_kwargs: dict, episodes: int, 
         if not hasattr(handle.env, "expert_action"):
             raise ValueError(f"{env_id} has no expert to demonstrate it (no expert_action()); "
                              "demonstrations exist for the babyai/* and babaisai/* envs")
-        collector = EpisodeGroupCollector([handle], [env_id], agent, ExpertEngine(agent.tokenizer, handle),
-                                          SamplingParams(stop_patterns=agent.stop_patterns), n_tasks=episodes,
-                                          group_size=1, max_turns=max_turns, seed=seed)
+        expert = EnvEpisodes([handle], [env_id], agent, ExpertEngine(agent.tokenizer, handle),
+                             SamplingParams(stop_patterns=agent.stop_patterns), max_turns=max_turns)
+        collector = GroupCollector(expert, n_tasks=episodes, group_size=1, seed=seed)
         return collector.collect()
     finally:
         handle.close()

@@ -24,17 +24,18 @@ from collections.abc import Callable
 from horizonrl.config import TrainConfig
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine
+from horizonrl.gateway.agent_groups import GatewayAgents, RunSampling
 from horizonrl.gateway.recorder import Recorder
 from horizonrl.gateway.server import Gateway
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.learner.tokenizer import train_bpe_tokenizer
 from horizonrl.records import Episode, Task
-from horizonrl.gateway.agent_groups import AgentGroupCollector, RunSampling
 from horizonrl.rollout.agent_loop import AgentLoop
 from horizonrl.rollout.episode_groups import load_reward_fn
 from horizonrl.rollout.failures import raise_if_none_succeeded
+from horizonrl.rollout.groups import GroupCollector
 from horizonrl.rollout.interaction import as_interaction
-from horizonrl.rollout.task_groups import TaskGroupCollector
+from horizonrl.rollout.task_groups import AgentLoopTasks
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.tools.registry import import_target, tools_from_references
 from horizonrl.train.warm_start import build_tiny
@@ -57,14 +58,13 @@ def make_agent_loop(cfg: TrainConfig, tokenizer, engine: Engine, params: Samplin
 
 
 def task_collector(cfg: TrainConfig, tokenizer, engine: Engine, params: SamplingParams, context_len: int,
-                   share: range | None = None) -> TaskGroupCollector | AgentGroupCollector:
+                   share: range | None = None) -> GroupCollector:
     """The agent loop's collector, or with `task.agent` the user's agent's, through a gateway over `engine`."""
     if cfg.task.agent is not None:
-        refusal = None if cfg.actor.tis_cap is not None else CONSTRAINTS_NEED_TIS
-        return agent_collector(cfg, tokenizer, engine, params, context_len, cfg.group.group_size, share, refusal)
-    return TaskGroupCollector(make_agent_loop(cfg, tokenizer, engine, params), import_target(cfg.task.source),
-                              cfg.group.n_tasks, cfg.group.group_size, load_reward_fn(cfg.group.reward_fn), cfg.seed,
-                              share)
+        return agent_collector(cfg, tokenizer, engine, params, context_len, cfg.group.group_size, share)
+    tasks = AgentLoopTasks(make_agent_loop(cfg, tokenizer, engine, params), import_target(cfg.task.source),
+                           load_reward_fn(cfg.group.reward_fn))
+    return GroupCollector(tasks, cfg.group.n_tasks, cfg.group.group_size, cfg.seed, share)
 
 
 # Constrained decoding (a forced tool call, a JSON response format) samples from the policy renormalised over the
@@ -77,18 +77,21 @@ CONSTRAINTS_NEED_TIS = ("constrained decoding (a forced tool call or a JSON resp
 
 
 def agent_collector(cfg: TrainConfig, tokenizer, engine: Engine, params: SamplingParams, context_len: int,
-                    group_size: int, share: range | None = None,
-                    constraint_refusal: str | None = None) -> AgentGroupCollector:
+                    group_size: int, share: range | None = None) -> GroupCollector:
     """`task.agent` played through a gateway (on a free local port) that samples at the run's temperature and
     top_p (whatever the agent asks: the learner scores at them) and gives at most `params.max_tokens` per call
-    (a request for more is capped, not refused); `constraint_refusal`: see gateway ServedModel."""
+    (a request for more is capped, not refused). Without `actor.tis_cap` it refuses requests that need
+    constrained decoding, in the warm start too (whose teacher would answer them), so that such an agent fails at
+    its first call rather than after the warm start was paid for."""
+    constraint_refusal = None if cfg.actor.tis_cap is not None else CONSTRAINTS_NEED_TIS
     sampler = RunSampling(engine, params.temperature, params.top_p)
     gateway = Gateway(sampler, tokenizer, cfg.model.path or cfg.name, context_len, params.stop_ids,
                       Recorder(issued_only=True), max_tokens_limit=params.max_tokens, max_n=1, cap_max_tokens=True,
                       constraint_refusal=constraint_refusal)
     reward_fn = None if cfg.group.reward_fn is None else load_reward_fn(cfg.group.reward_fn)
-    return AgentGroupCollector(import_target(cfg.task.agent), import_target(cfg.task.source), gateway,
-                               cfg.group.n_tasks, group_size, reward_fn, cfg.task.agent_timeout_s, cfg.seed, share)
+    agents = GatewayAgents(import_target(cfg.task.agent), import_target(cfg.task.source), gateway, reward_fn,
+                           cfg.task.agent_timeout_s)
+    return GroupCollector(agents, cfg.group.n_tasks, group_size, cfg.seed, share)
 
 
 def demo_tasks(cfg: TrainConfig, n_tasks: int) -> list[Task]:

@@ -1,0 +1,101 @@
+"""Group collectors (GRPO and friends, GiGPO): `n_tasks` tasks a batch, each played `group_size` times at once.
+
+Every group collector has this one shape, `GroupCollector`; what differs is how one rollout is played, its
+`Player`:
+
+    EnvEpisodes     (rollout/episode_groups.py)   whole episodes of an env, from a seed
+    AgentLoopTasks  (rollout/task_groups.py)      tasks through the agent loop (tools, interactions)
+    GatewayAgents   (gateway/agent_groups.py)   the user's own OpenAI-API agents, through the gateway
+
+The collector owns what they share: the training seed counter (`first_training_seed(seed)`, advanced by
+`n_tasks` a batch, checkpointed), this process's share of each batch's tasks (a torchrun rank's: task j of
+the batch is the player's `task(j, seed)` at seed first + j), the failures (`errors`, one cause each,
+summarised in one warning per batch) and the counters (`counts`) of the last batch. Its episodes come task by
+task, rollout by rollout; a rollout that failed carries metrics["error"], and the group estimators leave it
+out of its group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from horizonrl.records import Episode
+from horizonrl.rollout.failures import log_failures
+from horizonrl.rollout.seeds import first_training_seed
+
+
+class Player(Protocol):
+    """How one rollout of a task is played."""
+
+    failures: str
+    """What a batch's failures are, for its warning: "<count> <failures>: <causes>" ("{rollouts}": how many the
+    batch played)."""
+
+    def task(self, j: int, seed: int) -> Any:
+        """Task j of a batch, at env seed `seed`."""
+        ...
+
+    async def play(self, task: Any, k: int, errors: list[str]) -> Episode:
+        """Rollout k of `task`; the cause of each failure (dropped: metrics["error"], or recovered) to `errors`."""
+        ...
+
+    def batch(self) -> contextlib.AbstractContextManager[dict[str, int]]:
+        """Around the rollouts of one batch; the dict it gives holds the batch's counters when it exits."""
+        ...
+
+    def close(self) -> None:
+        """Stop what the player started; it is not used again."""
+        ...
+
+
+class GroupCollector:
+    def __init__(self, player: Player, n_tasks: int, group_size: int, seed: int = 0, share: range | None = None):
+        """`share`: which of each batch's `n_tasks` tasks this process plays (a rank of a torchrun job; default
+        all)."""
+        self.player, self.n_tasks, self.group_size = player, n_tasks, group_size
+        self.share = range(n_tasks) if share is None else share
+        self.next_seed = first_training_seed(seed)
+        self.errors: list[str] = []
+        self.counts: dict[str, int] = {}
+
+    def collect(self) -> list[Episode]:
+        """`group_size` episodes of each of this process's share of the next `n_tasks` tasks."""
+        tasks = [self.player.task(j, self.next_seed + j) for j in self.share]
+        self.next_seed += self.n_tasks
+        return self.run(tasks)
+
+    def collect_seeds(self, seeds: list[int]) -> list[Episode]:
+        """`group_size` episodes of task 0's kind at each of `seeds` (e.g. held-out seeds for evaluation), seed by
+        seed; the training seed counter does not move."""
+        return self.run([self.player.task(0, seed) for seed in seeds])
+
+    def run(self, tasks: list) -> list[Episode]:
+        """`group_size` rollouts of each of `tasks`, all at once: task by task, rollout by rollout."""
+        self.errors = []
+        with self.player.batch() as counts:
+            episodes = asyncio.run(self._play(tasks))
+        self.counts = dict(counts)
+        log_failures(self.errors, self.player.failures.format(rollouts=len(episodes)))
+        return episodes
+
+    async def _play(self, tasks: list) -> list[Episode]:
+        return list(await asyncio.gather(*(self.player.play(task, k, self.errors)
+                                           for task in tasks for k in range(self.group_size))))
+
+    def state_dict(self) -> dict:
+        return {"next_seed": self.next_seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.next_seed = state["next_seed"]
+
+    def close(self) -> None:
+        self.player.close()
+
+
+@contextlib.contextmanager
+def no_counts() -> Iterator[dict[str, int]]:
+    """A player's `batch` when it counts nothing."""
+    yield {}
