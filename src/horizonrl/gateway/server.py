@@ -198,9 +198,14 @@ class Gateway:
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "completions")
 
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "responses")
+
     async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         rollout_id = self._rollout_id(request)
         with self._call(rollout_id):
+            if kind == "responses":
+                return await self._serve_response(request, rollout_id)
             return await self._serve_call(request, kind, rollout_id)
 
     async def _serve_call(self, request: web.Request, kind: str, rollout_id: str | None) -> web.StreamResponse:
@@ -226,32 +231,29 @@ class Gateway:
         response["prompt_token_ids"] = prompt_ids
         return web.json_response(response)
 
-    async def _responses(self, request: web.Request) -> web.StreamResponse:
+    async def _serve_response(self, request: web.Request, rollout_id: str | None) -> web.StreamResponse:
         """The Responses API: served as the chat request it amounts to (responses_api.py), stored for a later
         `previous_response_id` unless `store` is false."""
-        rollout_id = self._rollout_id(request)
-        with self._call(rollout_id):
-            started = time.time()
-            body = parse_responses_request(await request.read())
-            conversation = self.responses.conversation(body.previous_response_id) + input_messages(body)
-            chat = chat_request(body, conversation)
-            prompt_ids, messages = prompt_of(chat, self.model)
-            [params] = self._choice_params(chat, len(prompt_ids))
-            generation = await self.engine.generate(prompt_ids, params)
-            reply = self._answer(chat, generation)
-            self._record(rollout_id, chat, prompt_ids, messages, [(generation, reply)], started)
-            items = output_items(reply.response, logprobs_of(chat, generation, self.model.tokenizer))
-            response = response_object(body, self.model.name, int(started), items, reply.finish_reason, prompt_ids,
-                                       generation.token_ids)
-            if body.store:
-                self.responses.keep(response["id"], conversation + [reply.response])
-            if not body.stream:
-                return web.json_response(response)
-            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await stream.prepare(request)
-            for event in response_events(response):
-                await _send_event(stream, event, event["type"])
-            return stream
+        started = time.time()
+        body = parse_responses_request(await request.read())
+        conversation = self.responses.conversation(body.previous_response_id) + input_messages(body)
+        chat = chat_request(body, conversation)
+        prompt_ids, messages = prompt_of(chat, self.model)
+        [params] = self._choice_params(chat, len(prompt_ids))
+        generation = await self.engine.generate(prompt_ids, params)
+        reply = self._answer(chat, generation)
+        self._record(rollout_id, chat, prompt_ids, messages, [(generation, reply)], started)
+        items = output_items(reply.response, logprobs_of(chat, generation, self.model.tokenizer))
+        response = response_object(body, self.model.name, int(started), items, reply.finish_reason, prompt_ids,
+                                   generation.token_ids)
+        if body.store:
+            self.responses.keep(response["id"], conversation + [reply.response])
+        if not body.stream:
+            return web.json_response(response)
+        stream = await _event_stream(request)
+        for event in response_events(response):
+            await _send_event(stream, event, event["type"])
+        return stream
 
     def _choice_params(self, body: ChatRequest | CompletionRequest, prompt_len: int) -> list[SamplingParams]:
         """`choice_params`, counting (and logging the first) max_tokens capped at the server's limit."""
@@ -270,8 +272,7 @@ class Gateway:
         """Server-sent events: each choice's chunks when it completes, then (every choice done) `record`
         of the (generation, answer) pairs, the usage chunk (if asked for) and `[DONE]`. A failure after the
         headers went out ends the stream with an error event."""
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await response.prepare(request)
+        response = await _event_stream(request)
         header = response_header(body, self.model, int(time.time()), stream=True)
         extra = {"prompt_token_ids": prompt_ids}   # on the first chunk only
 
@@ -317,6 +318,13 @@ class Gateway:
             self.recorder.record(Call(rollout_id, first + k, messages, getattr(body, "tools", None), prompt_ids,
                                       generation.token_ids, generation.logprobs, reply.finish_reason, reply.response,
                                       generation.weights_version, started, finished, reply.tool_call_parse_failed))
+
+
+async def _event_stream(request: web.Request) -> web.StreamResponse:
+    """A server-sent-events response to `request`, its headers sent."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await response.prepare(request)
+    return response
 
 
 async def _send_event(response: web.StreamResponse, data: dict, event: str | None = None) -> None:
