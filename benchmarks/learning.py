@@ -3,6 +3,7 @@
     python benchmarks/learning.py --suite toy [--algorithms ppo,grpo,gigpo] [--seeds 0,1,2] [--jobs 2]
     python benchmarks/learning.py --suite babyai [--env-steps N] [--wall-clock-s S] [--episodes 64] [--out DIR]
     python benchmarks/learning.py --suite toy --algorithms ppo,grpo --seeds 0 --iterations 2 --episodes 4 --jobs 2
+    python benchmarks/learning.py --suite toy --set rollout.async_training.max_staleness=1 --set actor.tis_cap=2
 
 A cell is (suite, algorithm, seed). It is three subprocesses, each with OMP_NUM_THREADS=1, at most --jobs cells at
 once: `horizonrl train RECIPE seed=S algorithm=A ...` (the suite's recipe as it is; the group algorithms get the
@@ -61,7 +62,7 @@ def cell_overrides(suite: str, algorithm: str, seed: int, args) -> list[str]:
     settings = SUITES[suite]
     recipe = yaml.safe_load((ROOT / settings["recipe"]).read_text())
     group = settings["group"]
-    overrides = [f"seed={seed}", f"algorithm={algorithm}", f"name={suite}-{algorithm}-seed{seed}"]
+    overrides = [f"seed={seed}", f"algorithm={algorithm}", f"name={suite}-{algorithm}-seed{seed}", *args.set]
     if algorithm != "ppo":
         overrides += [f"group.{key}={value}" for key, value in group.items()]
         overrides += [f"optim.{key}={value}" for key, value in settings["group_optim"].items()]
@@ -238,6 +239,9 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, help="train this many iterations instead of the budget (smoke tests)")
     parser.add_argument("--episodes", type=int, default=64, help="held-out episodes per task and mode")
     parser.add_argument("--out", type=Path, help="default runs/learning-<suite>")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="an override of every cell's run (repeatable), e.g. "
+                             "rollout.async_training.max_staleness=1")
     parser.add_argument("--jobs", type=int, choices=(1, 2), default=1, help="cells run at once")
     parser.add_argument("--plot", action=argparse.BooleanOptionalAction, default=True, help="write learning.svg")
     args = parser.parse_args()

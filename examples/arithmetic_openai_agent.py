@@ -41,8 +41,14 @@ def calculate(expression: str) -> str:
         return f"Error: {error}"
 
 
-async def agent(task: dict, base_url: str) -> float:
-    """Call the model until it answers without a tool call (at most MAX_CALLS calls); the reward of the answer."""
+async def run_calculator(expression: str) -> str:
+    """The calculator tool as the agent runs it (benchmarks/async.py swaps in a slow one)."""
+    return calculate(expression)
+
+
+async def agent(task: dict, base_url: str, calculator=run_calculator) -> float:
+    """Call the model until it answers without a tool call (at most MAX_CALLS calls); the reward of the answer.
+    `calculator`: an async function from an expression to the tool's answer."""
     messages = list(task["messages"])
     answer = ""
     async with AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
@@ -58,6 +64,6 @@ async def agent(task: dict, base_url: str) -> float:
                     expression = json.loads(call.function.arguments).get("expression", "")
                 except (json.JSONDecodeError, AttributeError):
                     expression = ""
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(str(expression))})
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": await calculator(str(expression))})
     stated = re.search(r"The answer is (-?\d+)", answer)
     return float(stated is not None and int(stated.group(1)) == task["data"]["answer"])

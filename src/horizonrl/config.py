@@ -234,6 +234,16 @@ class OpenAIOptions(Section):
                           "the server can read); None: the run folder's engine_weights/")
 
 
+class AsyncTrainingConfig(Section):
+    """Rollouts overlap the update (train/producer.py): a producer keeps collecting the next batches while the
+    learner trains on the last one. A batch never holds a turn sampled more than `max_staleness` weight syncs
+    before the policy it trains (the producer starts batch b only once the learner has asked for batch
+    b - max_staleness); 0: collect, then train, as one loop (no producer)."""
+
+    max_staleness: int = Field(0, ge=0, description="K: weight versions a trained turn may lag the policy being "
+                                                    "updated; 0: synchronous (rollout, then update)")
+
+
 class RolloutConfig(Section):
     n_env: int = Field(16, gt=0, description="env streams (ppo) or env handles shared by the group rollouts")
     max_tokens: int = Field(32, gt=0)
@@ -246,6 +256,7 @@ class RolloutConfig(Section):
                                                               "extend them")
     vllm: VLLMOptions = VLLMOptions()
     openai: OpenAIOptions = OpenAIOptions()
+    async_training: AsyncTrainingConfig = AsyncTrainingConfig()
 
     @model_validator(mode="after")
     def _learner_scores_the_sampling_distribution(self) -> RolloutConfig:
@@ -503,6 +514,22 @@ class TrainConfig(Section):
         if self.samples == "merged" and self.task is None and self.agent.history == "window":
             raise InvalidKey("samples", "merged rows need agent.history=full (with history=window no prompt "
                                         "extends the one before, so nothing merges); use samples=per_turn")
+        return self
+
+    @model_validator(mode="after")
+    def _off_policy_is_corrected(self) -> TrainConfig:
+        """With max_staleness K >= 1 the turns were sampled by up to K policies older than the one updated:
+        TIS weighs each token by min(pi_proximal / pi_behaviour, tis_cap), so the cap is required. Only the
+        hf engine takes a weight update while it samples (between two decode steps, under its lock)."""
+        if self.rollout.async_training.max_staleness == 0:
+            return self
+        if self.actor.tis_cap is None:
+            raise InvalidKey("actor.tis_cap", "rollout.async_training.max_staleness >= 1 trains on turns sampled "
+                                              "by older weights; set actor.tis_cap (e.g. 2.0) to correct for them")
+        if self.rollout.engine != "hf":
+            raise InvalidKey("rollout.async_training", f"asynchronous training runs with rollout.engine=hf only; "
+                                                       f"the {self.rollout.engine} engine reloads its weights only "
+                                                       "between rollouts (set max_staleness: 0)")
         return self
 
     @model_validator(mode="after")

@@ -84,18 +84,27 @@ def test_band_interpolates_each_seed_over_the_range_all_cover():
     ("grpo", ["group.n_tasks=8", "group.group_size=8", "group.max_turns=14", "iterations=112"]),   # / (8 x 8)
 ])
 def test_cell_overrides_under_the_budget(algorithm, extra):
-    args = Namespace(iterations=None, env_steps=7168, wall_clock_s=360.0)
+    args = Namespace(set=[], iterations=None, env_steps=7168, wall_clock_s=360.0)
     overrides = learning.cell_overrides("toy", algorithm, 2, args)
     group, last = extra[:-1], extra[-1]
     assert overrides == ["seed=2", f"algorithm={algorithm}", f"name=toy-{algorithm}-seed2", *group,
                          "budget.env_steps=7168", "budget.wall_clock_s=360.0", last]
-    smoke = learning.cell_overrides("toy", algorithm, 2, Namespace(iterations=2))
+    smoke = learning.cell_overrides("toy", algorithm, 2, Namespace(set=[], iterations=2))
     assert smoke == ["seed=2", f"algorithm={algorithm}", f"name=toy-{algorithm}-seed2", *group, "iterations=2"]
 
 
 def test_group_cells_of_babyai_take_mini_batches_of_256():
     """~1100 turns a group batch: ~9 optimiser steps per iteration as ppo's 8, not ~35 (which drift)."""
-    overrides = learning.cell_overrides("babyai", "gigpo", 0, Namespace(iterations=2))
+    overrides = learning.cell_overrides("babyai", "gigpo", 0, Namespace(set=[], iterations=2))
     assert overrides == ["seed=0", "algorithm=gigpo", "name=babyai-gigpo-seed0", "group.n_tasks=8",
                          "group.group_size=8", "group.max_turns=24", "optim.mini_batch_size=256", "iterations=2"]
-    assert "optim.mini_batch_size=256" not in learning.cell_overrides("babyai", "ppo", 0, Namespace(iterations=2))
+    ppo = learning.cell_overrides("babyai", "ppo", 0, Namespace(set=[], iterations=2))
+    assert "optim.mini_batch_size=256" not in ppo
+
+
+def test_set_overrides_every_cell():
+    """`--set` (the asynchronous-training learning runs) goes into every cell's run, before the budget."""
+    args = Namespace(set=["rollout.async_training.max_staleness=1", "actor.tis_cap=2"], iterations=2)
+    assert learning.cell_overrides("toy", "ppo", 1, args) == [
+        "seed=1", "algorithm=ppo", "name=toy-ppo-seed1", "rollout.async_training.max_staleness=1", "actor.tis_cap=2",
+        "iterations=2"]

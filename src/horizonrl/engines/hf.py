@@ -85,9 +85,11 @@ class _Batch:
 class HFEngine:
     """Engine over a transformers causal LM held in this process.
 
-    The engine can share the learner's actor module (then `sync_weights` has nothing to copy) or own
-    a separate copy (then `sync_weights` loads the actor's state dict); call it between rollouts, never
-    during one. `tokenizer` decodes responses for requests with `stop_patterns` and spells the tokens
+    The engine can share the learner's actor module (then `sync_weights` has nothing to copy; call it
+    between rollouts) or own a separate copy (then `sync_weights` loads the actor's state dict, between
+    two decode steps: a rollout may be running, as with asynchronous training, rollout/producer.py; the
+    requests in flight go on under the new weights and keep the version they started under).
+    `tokenizer` decodes responses for requests with `stop_patterns` and spells the tokens
     for requests with a `grammar` (engines/constrained.py: masked before sampling). At most
     `max_batch_size` requests decode at once; the others wait for a row to free up. The KV of ended
     sequences is kept, at most `prefix_cache_tokens` tokens in all (the oldest go first; 0 turns this
@@ -121,7 +123,10 @@ class HFEngine:
                                      and getattr(config, "sliding_window", None) is None
                                      and layer_types == {"full_attention"})
         self._prefixes: list[_Prefix] = []  # oldest first; used by whichever thread decodes
-        self._lock = threading.Lock()  # guards _pending and _working, shared with the worker thread
+        self._lock = threading.Lock()  # guards _pending, _working and _decoding, shared with the worker thread
+        self._weights = threading.Lock()  # held by a decode step and by a weight update
+        self._decoding = 0  # requests the worker holds: its running batch and the newcomers to it
+        self.in_flight_at_sync = 0  # requests pending or decoding when the weights last changed
         self._pending: list[_Request] = []
         self._working = False  # a worker thread is running, or starting
         self._server: asyncio.Task | None = None  # holds the task that awaits the worker thread
@@ -145,14 +150,17 @@ class HFEngine:
 
     def sync_weights(self, model, tensors: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """Sample from `model`'s weights (`tensors`, see Engine.sync_weights) from now on, copied into
-        this engine's own module unless it is `model`; the kept KV, computed with the old ones, goes."""
-        if model is not self.model:
-            own = self.model.state_dict()
-            for name, tensor in (model.state_dict().items() if tensors is None else tensors):
-                own[name].copy_(tensor)
-        self._prefixes = []
-        with self._lock:
-            self.seeds.new_version()
+        this engine's own module unless it is `model` (between two decode steps); the kept KV, computed
+        with the old ones, goes, and so does the KV of requests in flight once they end (never kept)."""
+        with self._weights:
+            if model is not self.model:
+                own = self.model.state_dict()
+                for name, tensor in (model.state_dict().items() if tensors is None else tensors):
+                    own[name].copy_(tensor)
+            self._prefixes = []
+            with self._lock:
+                self.in_flight_at_sync = len(self._pending) + self._decoding
+                self.seeds.new_version()
 
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the weights version. Saved right after `sync_weights`, when no KV is
@@ -189,7 +197,8 @@ class HFEngine:
         batch = None
         while (newcomers := self._admit(batch)) is not None:
             try:
-                batch = self._step(batch, newcomers, _settle)
+                with self._weights:
+                    batch = self._step(batch, newcomers, _settle)
             except Exception as error:  # every request the engine holds learns about it, unless it has ended
                 for request in {*newcomers, *(batch.requests if batch else ())}:
                     settle(request.future, error)
@@ -202,6 +211,7 @@ class HFEngine:
             room = self.max_batch_size - (len(batch.requests) if batch else 0)
             newcomers = self._pending[:room]
             del self._pending[:room]
+            self._decoding = self.max_batch_size - room + len(newcomers)
             if batch is None and not newcomers:
                 self._working = False
                 return None
@@ -246,7 +256,7 @@ class HFEngine:
                     continue
                 finished.append((request, Generation(request.token_ids, request.logprobs, reason,
                                                      request.weights_version)))
-                if self.prefix_cache_tokens:
+                if self.prefix_cache_tokens and request.weights_version == self.seeds.version:  # not stale KV
                     self._keep(request.prompt_ids + request.token_ids[:-1], batch, row)
             on_finished(finished)
         if not running and not newcomers:

@@ -164,8 +164,10 @@ def iteration_folder(iteration: int) -> str:
 class TrainingState:
     """Everything a run changes as it trains, besides its logs. `save` and `restore` see it at an
     iteration boundary: after `engine.sync_weights` (see HFEngine.state_dict) or the critic warmup,
-    with no episode fragment pending in the collector. The engine's and the collector's states are
-    JSON-able dicts. Every rank of a torchrun job calls `save` and `restore` (collectives)."""
+    with no episode fragment pending in the collector (with asynchronous training, the producer's
+    collector as it was right after the last batch trained: rollout/producer.py). The engine's and
+    the collector's states are JSON-able dicts. Every rank of a torchrun job calls `save` and
+    `restore` (collectives)."""
 
     actor: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase

@@ -2,9 +2,10 @@
 
     policy (loaded, or tiny + warm start; resuming: the initial one) -> engine (samples from the actor
     itself, or from a whole copy of its own) -> collector (fixed-turn for ppo, episode or task groups
-    for the group algorithms) -> critic (ppo) -> reference (a frozen copy; with model.lora, the actor
-    with its adapters disabled, after adapters go on actor and critic) -> optimisers (over what
-    trains) -> metrics sinks -> checkpointer (restores a resumed run's weights and state)
+    for the group algorithms; with rollout.async_training, played ahead by a producer thread) ->
+    critic (ppo) -> reference (a frozen copy; with model.lora, the actor with its adapters disabled,
+    after adapters go on actor and critic) -> optimisers (over what trains) -> metrics sinks ->
+    checkpointer (restores a resumed run's weights and state)
 
 Under torchrun every rank builds the same context: rank 0 makes the run folder and holds the initial
 policy in CPU memory, from which every rank fills its FSDP2 shards of actor, critic and reference
@@ -42,6 +43,7 @@ from horizonrl.rollout.episode_groups import EnvEpisodes, load_reward_fn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.rollout.groups import GroupCollector
+from horizonrl.rollout.producer import Producer
 from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
                                         save_checkpoint)
 from horizonrl.train.tasks import build_tiny_for_task, task_collector, task_warm_start
@@ -116,6 +118,9 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
                                load_reward_fn(cfg.group.reward_fn))
         collector = GroupCollector(episodes, cfg.group.n_tasks, cfg.group.group_size, cfg.seed,
                                    ranks.share(cfg.group.n_tasks))
+    if cfg.rollout.async_training.max_staleness:    # the hf engine (config.py), sampling from a copy of its own
+        collector = Producer(collector, cfg.rollout.async_training.max_staleness,
+                             lambda: engine.state_dict()["weights_version"], lambda: engine.in_flight_at_sync)
     critic_opt = critic_loss = None
     actor_opt = torch.optim.AdamW(trainable(actor), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
     actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
@@ -142,10 +147,11 @@ def local_networks(cfg: TrainConfig, actor: PreTrainedModel, device: torch.devic
                    ) -> tuple[PreTrainedModel, ValueModel | None, PreTrainedModel | AdaptersOff, PreTrainedModel]:
     """(actor, critic (ppo), reference, the model the engine samples from) of a one-process run: the
     critic and the reference copies of the policy, or with LoRA adapters on actor and critic and the
-    reference the actor with its adapters disabled (the hf engine then samples from a merged copy).
+    reference the actor with its adapters disabled (the hf engine then samples from a merged copy, as it
+    does in asynchronous training, while the actor updates).
     Every network in eval mode: dropout off, so the sampler and the learner compute the same function."""
     actor.eval()
-    hf_copy = cfg.model.lora is not None and cfg.rollout.engine == "hf"
+    hf_copy = cfg.rollout.engine == "hf" and (cfg.model.lora is not None or cfg.rollout.async_training.max_staleness)
     sampled = engine_copy(actor, autocast_dtype(device) or torch.float32, device) if hf_copy else actor
     critic = ValueModel.from_policy(actor).eval() if cfg.algorithm == "ppo" else None
     if cfg.model.lora is None:

@@ -44,6 +44,7 @@ from horizonrl.report.metrics import episode_metrics
 from horizonrl.report.sinks import check_sinks
 from horizonrl.report.trajectories import trajectory_records, write_trajectories
 from horizonrl.rollout.failures import RolloutsFailed
+from horizonrl.rollout.producer import Producer
 from horizonrl.samples.split_advice import split_advice
 from horizonrl.train.batch import (PPOBatch, batch_metrics, estimate_advantages, gigpo_advantages_to_tokens,
                                    group_advantages_to_tokens, kept_episodes, played_episodes, prepare, score_batch)
@@ -214,8 +215,8 @@ def critic_warmup_iteration(ctx: RunContext) -> dict:
 def collect_turns(ctx: RunContext) -> list[Episode]:
     """This rank's share of a fixed-turn batch (n_env streams x e_len turns); when some rank played no turn, an
     error on every rank (`played_episodes`)."""
-    collector = ctx.collector
-    return played_episodes(collector.collect(), len(collector.streams) * collector.e_len, collector.errors, ctx.ranks)
+    n_turns = len(ctx.ranks.share(ctx.cfg.rollout.n_env)) * ctx.cfg.ppo.e_len
+    return played_episodes(ctx.collector.collect(), n_turns, ctx.collector.errors, ctx.ranks)
 
 
 def score(ctx: RunContext, episodes: list[Episode], critic, updates_actor: bool = True) -> PPOBatch:
@@ -266,7 +267,7 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
               **batch_metrics(batch, ctx.ranks),
               "perf/rollout_tokens_per_s": generated / timings["timing/rollout_s"],
               "perf/train_tokens_per_s": trained / (timings["timing/score_s"] + timings["timing/update_s"]),
-              **timings}
+              **timings, **(ctx.collector.metrics(ctx.ranks) if isinstance(ctx.collector, Producer) else {})}
     explain_splits(ctx, record)
     return write_records(ctx, record, batch)
 

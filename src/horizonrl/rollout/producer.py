@@ -1,0 +1,160 @@
+"""Asynchronous rollouts: a producer thread collects the next batches while the learner trains on the last.
+
+    producer thread   for b = 1, 2, ...: wait until the learner has asked for batch b - K -> collect batch b
+                      (collector.collect(), in this thread's own event loop) -> queue it with the collector's
+                      state after it
+    learner           collect(): ask for the next batch -> wait until it is queued -> take it
+
+The learner asks for batch b right after the weight sync that follows its update on batch b-1, so when
+the producer starts batch b the engine holds the weights of version v(b-1-K) or newer, and every turn of
+batch b was sampled by one of them (a turn keeps the version its sampling started under: conservative
+when a sync falls inside it). Batch b trains the policy of version v(b-1): no trained turn is more than K
+versions older than the policy it trains, which `collect` checks on every batch. K = 0 would be collect,
+then train, as one loop; the training loop then runs without a producer.
+
+Episodes running across a sync continue (partial rollouts): the hf engine takes the new weights between
+two decode steps (engines/hf.py), so later turns, and the rest of a turn in flight, use them.
+
+A checkpoint keeps the collector's state right after the last batch the learner took (`state_dict`: a
+snapshot the producer takes between two batches); batches collected ahead of the learner are not saved,
+and a resumed run collects them again under its restored weights, so the bound holds across `--resume`.
+
+Why a thread and not a process (the hf engine runs in this process): measured in BENCHMARKS.md
+(Asynchronous training). The engine's decode steps and the learner's passes are torch kernels that
+release the GIL; what the two threads contend for is the Python between them.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from horizonrl.learner.distributed import LOCAL, Ranks
+from horizonrl.records import Episode
+from horizonrl.rollout.collector import Collector
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ProducedBatch:
+    """A batch the producer collected: its episodes, the collector's errors and counts of it, the
+    collector's state after it, and how long the producer waited at the gate before starting it."""
+
+    episodes: list[Episode]
+    errors: list[str]
+    counts: dict[str, int]
+    state: dict
+    gated_s: float
+
+
+class Producer:
+    """A Collector (rollout/collector.py) that plays `collector` in a thread of its own, at most
+    `max_staleness` batches ahead of the learner (see the module docstring). `weights_version()`: the
+    engine's version now (the policy the learner updates next); `in_flight_at_sync()`: the engine's
+    requests in flight at its last weight update. The thread starts at the first `collect`, after a
+    resume has loaded the collector's state; `close` stops it once its batch in progress ends."""
+
+    def __init__(self, collector: Collector, max_staleness: int, weights_version: Callable[[], int],
+                 in_flight_at_sync: Callable[[], int]):
+        if max_staleness < 1:
+            raise ValueError(f"max_staleness {max_staleness}: a producer runs ahead of the learner by 1 or more")
+        self.collector, self.max_staleness = collector, max_staleness
+        self.weights_version, self.in_flight_at_sync = weights_version, in_flight_at_sync
+        self.errors: list[str] = []
+        self.counts: dict[str, int] = {}
+        self._changed = threading.Condition()   # guards what follows, shared with the producer thread
+        self._requested = 0                     # batches the learner asked for
+        self._started = 0                       # batches the producer started
+        self._ready: collections.deque[ProducedBatch] = collections.deque()
+        self._failure: BaseException | None = None
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._state: dict | None = None         # the collector's, after the last batch taken (None: its own)
+        self._taken: tuple[list[int], float, float] | None = None   # staleness per turn, waits of the last batch
+
+    def collect(self) -> list[Episode]:
+        """The next batch (collected ahead, or waited for). RuntimeError if one of its turns is more than
+        max_staleness versions older than the engine's weights now: the gate above failed."""
+        asked = time.perf_counter()
+        with self._changed:
+            self._requested += 1
+            self._changed.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._produce, name="horizonrl-producer", daemon=True)
+            self._thread.start()
+        with self._changed:
+            self._changed.wait_for(lambda: self._ready or self._failure is not None)
+            if not self._ready:          # the batches collected before a failure are taken first
+                raise self._failure
+            produced = self._ready.popleft()
+        version = self.weights_version()
+        staleness = [version - t.info["weights_version"] for e in produced.episodes for t in e.turns
+                     if t.info.get("weights_version") is not None]
+        if staleness and max(staleness) > self.max_staleness:
+            raise RuntimeError(f"a batch holds a turn sampled {max(staleness)} weight versions before the policy it "
+                               f"trains (version {version}); the bound is {self.max_staleness}")
+        self.errors, self.counts, self._state = produced.errors, produced.counts, produced.state
+        self._taken = (staleness, produced.gated_s, time.perf_counter() - asked)
+        return produced.episodes
+
+    def metrics(self, ranks: Ranks = LOCAL) -> dict[str, float]:
+        """async/* of the last batch taken, over every rank's: the staleness of its turns (versions between the
+        one that sampled a turn and the policy trained on it), how long the producer waited at the gate before
+        starting it and the learner waited for it (each a mean over the ranks), and the engine's requests in
+        flight at the last weight update (summed)."""
+        staleness, gated_s, waited_s = self._taken
+        total, turns, gated, waited, in_flight = ranks.sum([sum(staleness), len(staleness), gated_s, waited_s,
+                                                            self.in_flight_at_sync()])
+        return {"async/staleness_mean": total / max(turns, 1),
+                "async/staleness_max": ranks.max(max(staleness, default=0)),
+                "async/producer_wait_s": gated / ranks.world_size, "async/learner_wait_s": waited / ranks.world_size,
+                "async/turns_in_flight_at_sync": int(in_flight)}
+
+    def _produce(self) -> None:
+        """The producer thread: batch after batch, each once the gate lets it start, until `close`."""
+        try:
+            while True:
+                gate_opened = time.perf_counter()
+                with self._changed:
+                    self._changed.wait_for(lambda: self._stopping
+                                           or self._requested >= self._started + 1 - self.max_staleness)
+                    if self._stopping:
+                        return
+                    self._started += 1
+                gated_s = time.perf_counter() - gate_opened
+                episodes = self.collector.collect()
+                produced = ProducedBatch(episodes, list(self.collector.errors), dict(self.collector.counts),
+                                         copy.deepcopy(self.collector.state_dict()), gated_s)
+                with self._changed:
+                    self._ready.append(produced)
+                    self._changed.notify_all()
+        except BaseException as error:    # the learner raises it at its next collect
+            with self._changed:
+                self._failure = error
+                self._changed.notify_all()
+
+    def state_dict(self) -> dict:
+        """The collector's state right after the last batch the learner took (batches collected ahead are
+        not kept: a resumed run collects them again)."""
+        return self.collector.state_dict() if self._state is None else self._state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Before the first `collect` (a resume)."""
+        if self._thread is not None:
+            raise RuntimeError("the producer is running: load the collector's state before the first collect")
+        self.collector.load_state_dict(state)
+
+    def close(self) -> None:
+        """Stop the producer thread (after its batch in progress) and close the collector."""
+        with self._changed:
+            self._stopping = True
+            self._changed.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        self.collector.close()

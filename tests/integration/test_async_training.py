@@ -1,0 +1,140 @@
+"""Asynchronous training (rollout.async_training.max_staleness = K, rollout/producer.py) on real envs with the
+hf engine: no trained turn is older than K weight versions, across a `--resume`; the bound is reached (the
+producer does run ahead); the engine takes new weights while a rollout is in flight; the group algorithms
+and the gateway's agents run under it; and a config that cannot be corrected off-policy is refused.
+
+The staleness is checked here independently of the producer's own check: at iteration i >= 1 the policy being
+updated has had i - 1 updates (the critic warmup updates no actor), so every turn trained at iteration i must
+have been sampled by weights version i - 1 - K or newer, whatever the engine's counter says after a resume.
+"""
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from horizonrl.cli import main
+from horizonrl.config import ConfigError, load_config
+from horizonrl.engines.base import SamplingParams
+from horizonrl.engines.hf import HFEngine
+from horizonrl.train import loop
+
+TOY = "configs/toy.yaml"
+SMALL = ["rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
+         "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20",
+         "model.warm_start.iterations=1", "actor.tis_cap=2.0"]
+
+
+@pytest.fixture
+def trained_versions(monkeypatch):
+    """iteration -> (the engine's version when the batch is scored, the weights version of every trained turn)."""
+    seen, iteration = {}, [None]
+    iterate, score = loop.ppo_iteration, loop.score
+
+    def ppo_iteration(ctx, i):
+        iteration[0] = i
+        return iterate(ctx, i)
+
+    def scored(ctx, episodes, critic, updates_actor=True):
+        if updates_actor:
+            seen[iteration[0]] = (ctx.engine.state_dict()["weights_version"],
+                                  [t.info["weights_version"] for e in episodes for t in e.turns])
+        return score(ctx, episodes, critic, updates_actor)
+
+    monkeypatch.setattr(loop, "ppo_iteration", ppo_iteration)
+    monkeypatch.setattr(loop, "score", scored)
+    return seen
+
+
+def metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("max_staleness", [1, 2])
+def test_no_trained_turn_is_older_than_the_bound_across_a_resume(tmp_path, trained_versions, max_staleness):
+    async_training = f"rollout.async_training.max_staleness={max_staleness}"
+    assert main(["train", TOY, *SMALL, async_training, "iterations=3", f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run,) = tmp_path.iterdir()
+    assert main(["train", "--resume", str(run), "iterations=6", "--quiet"]) == 0
+    assert sorted(trained_versions) == [1, 2, 3, 4, 5, 6]
+    staleness = {}
+    for i, (engine_version, turn_versions) in trained_versions.items():
+        assert engine_version == i - 1                           # restored with the checkpoint
+        assert len(turn_versions) == 16                          # 4 streams x 4 turns
+        assert min(turn_versions) >= i - 1 - max_staleness and max(turn_versions) <= i - 1
+        staleness[i] = i - 1 - min(turn_versions)
+    assert max(staleness.values()) == max_staleness             # the producer runs ahead (the update is slower)
+    assert staleness[4] == 0                                     # the resumed run collects its first batch afresh
+    records = [r for r in metrics(run) if r["iteration"] > 0]
+    assert [r["async/staleness_max"] for r in records] == [staleness[i] for i in range(1, 7)]
+    for r in records:
+        assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"]
+        assert r["async/producer_wait_s"] >= 0 and r["async/learner_wait_s"] >= 0
+        assert r["async/turns_in_flight_at_sync"] >= 0 and r["rollout/tis_weight_mean"] > 0
+
+
+def test_gigpo_trains_asynchronously(tmp_path):
+    assert main(["train", TOY, *SMALL, "algorithm=gigpo", "group.n_tasks=2", "group.group_size=4",
+                 "group.max_turns=4", "rollout.async_training.max_staleness=1", "iterations=3",
+                 f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run,) = tmp_path.iterdir()
+    records = metrics(run)
+    assert [r["iteration"] for r in records] == [1, 2, 3]
+    assert all(r["async/staleness_max"] <= 1 and r["gigpo/anchored_step_frac"] > 0 for r in records)
+    assert (run / "checkpoint" / "model.safetensors").exists()
+
+
+def test_the_gateways_agents_train_asynchronously(tmp_path):
+    assert main(["train", "configs/arithmetic_openai_agent.yaml", "group.n_tasks=2", "group.group_size=4",
+                 "model.warm_start.steps=30", "model.warm_start.iterations=1", "device=cpu", "actor.tis_cap=2.0",
+                 "rollout.async_training.max_staleness=1", "iterations=2", f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run,) = tmp_path.iterdir()
+    records = metrics(run)
+    assert [r["gateway/requests"] > 0 and r["env/errors"] == 0 and r["async/staleness_max"] <= 1
+            for r in records] == [True, True]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["rollout.async_training.max_staleness=1"], "set actor.tis_cap"),
+    (["rollout.async_training.max_staleness=1", "actor.tis_cap=2", "rollout.engine=openai"],
+     "runs with rollout.engine=hf only"),
+])
+def test_configs_that_cannot_train_off_policy_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(TOY, overrides)
+
+
+def test_the_hf_engine_takes_new_weights_while_a_request_is_in_flight(river_tiny):
+    """A request running across `sync_weights` ends (it keeps the version it started under, and its KV is not
+    kept for later prompts); a request after it gets the new version and samples from the new weights: greedy
+    decoding gives what an engine over the new weights alone gives, not what the old weights gave."""
+    tokenizer, model = river_tiny
+    engine = HFEngine(copy.deepcopy(model), tokenizer.pad_token_id)
+    new = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in new.parameters():
+            parameter.add_(torch.randn_like(parameter), alpha=0.5)
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    long = SamplingParams(max_tokens=100, temperature=0.0)
+    prompt = tokenizer.encode("The river runs")
+    before = engine.generate_batch([prompt], [greedy])[0]
+
+    async def sync_during_a_rollout():
+        running = asyncio.create_task(engine.generate(prompt, long))
+        while engine._decoding == 0:                      # the worker holds the request
+            await asyncio.sleep(0.001)
+        await asyncio.to_thread(engine.sync_weights, new)
+        in_flight = await running
+        kept = list(engine._prefixes)
+        return in_flight, kept, await engine.generate(prompt, greedy)
+
+    in_flight, kept, after = asyncio.run(sync_during_a_rollout())
+    assert engine.in_flight_at_sync == 1
+    assert len(in_flight.token_ids) == 100 and in_flight.weights_version == 0
+    assert kept == []                                     # its KV, computed partly by the old weights, is not kept
+    assert after.weights_version == 1
+    fresh = HFEngine(new, tokenizer.pad_token_id).generate_batch([prompt], [greedy])[0]
+    assert after.token_ids == fresh.token_ids != before.token_ids
