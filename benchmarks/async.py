@@ -39,7 +39,7 @@ def workload_overrides(name: str, root: Path) -> tuple[str, list[str]]:
     recipe = "configs/arithmetic_openai_agent.yaml"
     agent = ["task.agent=benchmarks/slow_tools_agent.py:agent"]
     start = train(load_config(recipe, [*agent, "iterations=0", f"output_dir={root / 'start'}"]), progress=False)
-    return recipe, [*agent, f"model.path={start / 'init'}"]
+    return recipe, [*agent, f"model.path={start / 'init'}", "model.warm_start=null"]
 
 
 def steps_per_s(run: Path) -> tuple[float, float, float]:

@@ -12,7 +12,7 @@ import random
 
 from horizonrl.tools.registry import import_target
 
-MEDIAN_S, SIGMA, CAP_S = 0.25, 1.0, 4.0
+MEDIAN_S, SIGMA, CAP_S = 1.0, 1.0, 8.0
 example = import_target("examples/arithmetic_openai_agent.py:agent")
 calculate = import_target("examples/arithmetic_openai_agent.py:calculate")
 

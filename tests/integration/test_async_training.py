@@ -93,8 +93,9 @@ def test_the_gateways_agents_train_asynchronously(tmp_path):
                  "rollout.async_training.max_staleness=1", "iterations=2", f"output_dir={tmp_path}", "--quiet"]) == 0
     (run,) = tmp_path.iterdir()
     records = metrics(run)
-    assert [r["gateway/requests"] > 0 and r["env/errors"] == 0 and r["async/staleness_max"] <= 1
-            for r in records] == [True, True]
+    assert [r["env/errors"] == 0 and r["async/staleness_max"] <= 1 for r in records] == [True, True]
+    # the gateway's counts are those made between two batches taken: batch 2's calls may fall in batch 1's time
+    assert sum(r["gateway/requests"] for r in records) >= sum(r["env/turns"] for r in records)
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -6,17 +6,22 @@ The collector here plays no env: each batch is one episode whose turns carry the
 when they were sampled (a counter the simulated learner bumps after each update), which is all the gate
 reads. Integration tests run it on real envs and the hf engine (tests/integration/test_async_training.py)."""
 
+import asyncio
+import contextlib
 import threading
 import time
 
 import pytest
 
 from horizonrl.records import Episode, Turn
+from horizonrl.rollout.groups import GroupCollector
 from horizonrl.rollout.producer import Producer
+from horizonrl.rollout.seeds import first_training_seed
 
 
 class VersionedCollector:
-    """Batch b: one episode of `turns` turns, sampled one by one (`turn_s` apart) with the current version."""
+    """Batch b: one episode of `turns` turns, sampled one by one (`turn_s` apart) with the current version;
+    the batches follow each other (as the fixed-turn collector's do)."""
 
     def __init__(self, version: list[int], turns: int = 3, turn_s: float = 0.002, fail_at: int | None = None):
         self.version, self.turns, self.turn_s, self.fail_at = version, turns, turn_s, fail_at
@@ -25,17 +30,19 @@ class VersionedCollector:
         self.producer: Producer | None = None
         self.errors, self.counts = [], {}
 
-    def collect(self) -> list[Episode]:
-        self.batches += 1
-        self.started_with_requested.append(self.producer._requested)
-        if self.batches == self.fail_at:
-            raise RuntimeError("env reset failed 3 times in a row")
-        turns = []
-        for _ in range(self.turns):
-            turns.append(Turn([1], [2], [-0.5], info={"weights_version": self.version[0]}))
-            time.sleep(self.turn_s)
-        self.errors, self.counts = [f"error in batch {self.batches}"], {"gateway/requests": self.batches}
-        return [Episode(f"batch{self.batches}", "task", self.batches, turns=turns)]
+    async def produce(self, admitted, deliver) -> None:
+        b = 0
+        while await admitted(b := b + 1):
+            self.batches += 1
+            self.started_with_requested.append(self.producer._requested)
+            if self.batches == self.fail_at:
+                raise RuntimeError("env reset failed 3 times in a row")
+            turns = []
+            for _ in range(self.turns):
+                turns.append(Turn([1], [2], [-0.5], info={"weights_version": self.version[0]}))
+                await asyncio.sleep(self.turn_s)
+            deliver([Episode(f"batch{self.batches}", "task", self.batches, turns=turns)],
+                    [f"error in batch {self.batches}"], {"gateway/requests": self.batches}, self.state_dict())
 
     def state_dict(self) -> dict:
         return {"next_batch": self.batches + 1, "history": [self.batches]}
@@ -135,3 +142,79 @@ def test_close_waits_for_the_batch_in_progress_and_starts_no_other():
 def test_a_producer_needs_a_bound_of_at_least_one():
     with pytest.raises(ValueError, match="ahead of the learner by 1 or more"):
         Producer(VersionedCollector([0]), 0, lambda: 0, lambda: 0)
+
+
+class StragglerTasks:
+    """A group player whose rollout 0 of the task at `slow_seed` takes `slow_s` (a straggler), every other
+    rollout `fast_s`; it records when each rollout started and ended, and counts rollouts."""
+
+    failures = "rollouts failed"
+
+    def __init__(self, version: list[int], slow_seed: int, slow_s: float = 0.3, fast_s: float = 0.01):
+        self.version, self.slow_seed, self.slow_s, self.fast_s = version, slow_seed, slow_s, fast_s
+        self.times: dict[tuple[int, int], tuple[float, float]] = {}
+        self.played = 0
+
+    def task(self, j: int, seed: int) -> tuple[int, int]:
+        return j, seed
+
+    async def play(self, task, k: int, errors: list[str]) -> Episode:
+        j, seed = task
+        started = time.perf_counter()
+        turn = Turn([1], [2], [-0.5], info={"weights_version": self.version[0]})
+        await asyncio.sleep(self.slow_s if (seed, k) == (self.slow_seed, 0) else self.fast_s)
+        self.times[(seed, k)] = (started, time.perf_counter())
+        self.played += 1
+        return Episode(f"seed{seed}/rollout{k}", "task", seed, group_id=f"seed{seed}", turns=[turn], outcome_reward=1.0)
+
+    def batch(self):
+        return contextlib.nullcontext()
+
+    def counters(self) -> dict[str, int]:
+        return {"rollouts": self.played}
+
+    def close(self) -> None:
+        pass
+
+
+def test_group_batches_overlap_the_slowest_rollouts_of_the_batch_before():
+    """K = 1: batch 2 is drawn once the learner asks for batch 1, while batch 1's straggler runs, so its rollouts
+    start and end before batch 1 ends (batch 1's counts hold them); batches are delivered whole and in order, each
+    with the seed counter after it was drawn."""
+    version = [0]
+    first = first_training_seed(0)
+    player = StragglerTasks(version, slow_seed=first)
+    collector = GroupCollector(player, n_tasks=2, group_size=3, seed=0)
+    producer = Producer(collector, 1, lambda: version[0], lambda: 0)
+    batch1 = producer.collect()
+    assert {e.seed for e in batch1} == {first, first + 1} and len(batch1) == 6
+    assert producer.counts == {"rollouts": 6 + 6}      # batch 2's rollouts ended during batch 1's straggler
+    assert producer.state_dict() == {"next_seed": first + 2}
+    straggler_ended = player.times[(first, 0)][1]
+    batch2_started = min(started for (seed, _), (started, _) in player.times.items() if seed >= first + 2)
+    assert batch2_started < straggler_ended - 0.2
+    version[0] += 1
+    batch2 = producer.collect()
+    assert {e.seed for e in batch2} == {first + 2, first + 3}
+    assert producer.state_dict() == {"next_seed": first + 4}
+    producer.close()
+
+
+def test_a_rollout_that_raises_reaches_the_learner_at_once():
+    """A player's play raising in batch 2, while the learner waits for it, ends that wait with the error."""
+    version = [0]
+    first = first_training_seed(0)
+    player = StragglerTasks(version, slow_seed=first)
+    play = player.play
+
+    async def raises_in_batch_2(task, k, errors):
+        if task[1] >= first + 2 and k == 1:
+            raise RuntimeError("the env's server went away")
+        return await play(task, k, errors)
+
+    player.play = raises_in_batch_2
+    producer = Producer(GroupCollector(player, n_tasks=2, group_size=3, seed=0), 1, lambda: version[0], lambda: 0)
+    producer.collect()
+    with pytest.raises(RuntimeError, match="server went away"):
+        producer.collect()
+    producer.close()

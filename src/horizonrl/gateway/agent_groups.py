@@ -139,18 +139,16 @@ class GatewayAgents:
         return self.make_task(seed)
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[dict[str, int]]:
-        """The gateway served (from the first batch on); what it counted during the batch, as `gateway/<name>`;
-        a batch whose agents blocked their event loop for most of its time reported (once per run). When the
+    def batch(self) -> Iterator[None]:
+        """The gateway served (from the first batch on); a batch (or, in asynchronous training, a run's overlapping
+        batches) whose agents blocked their event loop for most of its time reported (once per run). When the
         batch ends no model call of its rollouts is in flight: a call an agent gave up on (a timeout) was
-        awaited to its end, as the engine must be idle for the update and the weight sync that follow."""
+        awaited to its end."""
         if self._server is None:
             self._server = GatewayThread(self.gateway)
             self._base_url = self._server.start()
-        before, counts = dict(self.gateway.stats), {}
         self._blocked, started = [0.0], time.monotonic()
-        yield counts
-        counts.update({f"gateway/{name}": n - before.get(name, 0) for name, n in self.gateway.stats.items()})
+        yield
         elapsed = time.monotonic() - started
         if self._blocked[0] > max(1.0, BLOCKED_SHARE * elapsed) and not self.block_reported:
             self.block_reported = True
@@ -158,6 +156,10 @@ class GatewayAgents:
                         "blocking code inside `async def`, e.g. openai.OpenAI where openai.AsyncOpenAI is needed, "
                         "so the batch's rollouts wait for each other (reported once per run)", self._blocked[0],
                         elapsed)
+
+    def counters(self) -> dict[str, int]:
+        """What the gateway has counted, as `gateway/<name>`: requests, errors, server_errors, ..."""
+        return {f"gateway/{name}": n for name, n in self.gateway.stats.items()}
 
     def close(self) -> None:
         """Stop the gateway (it waits for the calls in flight)."""

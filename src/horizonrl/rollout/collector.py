@@ -7,9 +7,13 @@ episodes, agent-loop tasks and the user's own OpenAI-API agents through the gate
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 from horizonrl.records import Episode
+
+Deliver = Callable[[list[Episode], list[str], dict[str, int], dict], None]
+"""What a collector's `produce` hands each batch to: (episodes, errors, counts, the collector's state after it)."""
 
 
 @runtime_checkable
@@ -23,6 +27,11 @@ class Collector(Protocol):
 
     def collect(self) -> list[Episode]:
         """One training batch of episodes (or episode fragments)."""
+        ...
+
+    async def produce(self, admitted: Callable[[int], Awaitable[bool]], deliver: Deliver) -> None:
+        """Asynchronous training (rollout/producer.py): batch after batch, batch b = 1, 2, ... starting once
+        `await admitted(b)` allows it (False: stop), each handed to `deliver`, in order, when it has ended."""
         ...
 
     def state_dict(self) -> dict:

@@ -65,13 +65,16 @@ class EnvEpisodes:
         return self.env_ids[j % len(self.env_ids)], seed
 
     @contextlib.contextmanager
-    def batch(self) -> Iterator[dict[str, int]]:
+    def batch(self) -> Iterator[None]:
         """The env handles of each id, free for the batch's rollouts to take."""
         self._free = {env_id: asyncio.Queue() for env_id in self.env_ids}
         for env in self.envs:
             if env.env_id in self._free:
                 self._free[env.env_id].put_nowait(env)
-        yield {}
+        yield
+
+    def counters(self) -> dict[str, int]:
+        return {}
 
     def close(self) -> None:
         """Nothing to stop: the envs and the engine are the caller's."""

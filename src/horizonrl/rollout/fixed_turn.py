@@ -16,11 +16,14 @@ MAX_RESET_ATTEMPTS times in a row stops the run.
 from __future__ import annotations
 
 import asyncio
+import copy
+from collections.abc import Awaitable, Callable
 
 from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode
+from horizonrl.rollout.collector import Deliver
 from horizonrl.rollout.failures import log_failures
 from horizonrl.rollout.seeds import first_training_seed
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
@@ -43,13 +46,21 @@ class FixedTurnCollector:
     def collect(self) -> list[Episode]:
         """Run every stream for e_len turns; the episode fragments, stream by stream, in time order.
         `self.errors` holds the env errors recovered from during this call."""
-        self.errors = []
-        fragments = asyncio.run(self.collect_async())
-        log_failures(self.errors, "env errors recovered from in this batch (each closed its episode)")
-        return fragments
+        return asyncio.run(self._batch())
 
-    async def collect_async(self) -> list[Episode]:
+    async def produce(self, admitted: Callable[[int], Awaitable[bool]], deliver: Deliver) -> None:
+        """Asynchronous training (rollout/producer.py): batch after batch, each once `await admitted(b)` allows it
+        (False: stop), delivered with the streams' state after it. A stream's next fragment follows its last, so
+        the batches do not overlap."""
+        b = 0
+        while await admitted(b := b + 1):
+            fragments = await self._batch()
+            deliver(fragments, self.errors, {}, copy.deepcopy(self.state_dict()))
+
+    async def _batch(self) -> list[Episode]:
+        self.errors = []
         fragments = await asyncio.gather(*(self._run_stream(s) for s in self.streams))
+        log_failures(self.errors, "env errors recovered from in this batch (each closed its episode)")
         return [episode for stream_fragments in fragments for episode in stream_fragments]
 
     async def _run_stream(self, stream: EnvStream) -> list[Episode]:

@@ -12,17 +12,19 @@ The collector owns what they share: the training seed counter (`first_training_s
 the batch is the player's `task(j, seed)` at seed first + j), the failures (`errors`, one cause each,
 summarised in one warning per batch) and the counters (`counts`) of the last batch. Its episodes come task by
 task, rollout by rollout; a rollout that failed carries metrics["error"], and the group estimators leave it
-out of its group.
+out of its group. In asynchronous training (`produce`) the next batch's rollouts start while the slowest of
+the batch before still run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from horizonrl.records import Episode
+from horizonrl.rollout.collector import Deliver
 from horizonrl.rollout.failures import log_failures
 from horizonrl.rollout.seeds import first_training_seed
 
@@ -42,8 +44,12 @@ class Player(Protocol):
         """Rollout k of `task`; the cause of each failure (dropped: metrics["error"], or recovered) to `errors`."""
         ...
 
-    def batch(self) -> contextlib.AbstractContextManager[dict[str, int]]:
-        """Around the rollouts of one batch; the dict it gives holds the batch's counters when it exits."""
+    def batch(self) -> contextlib.AbstractContextManager:
+        """Around the rollouts of one batch, or of overlapping batches (`GroupCollector.produce`)."""
+        ...
+
+    def counters(self) -> dict[str, int]:
+        """What the player has counted so far (the gateway's `gateway/<name>`); a batch's counts are the change."""
         ...
 
     def close(self) -> None:
@@ -74,15 +80,46 @@ class GroupCollector:
 
     def run(self, tasks: list) -> list[Episode]:
         """`group_size` rollouts of each of `tasks`, all at once: task by task, rollout by rollout."""
-        self.errors = []
-        with self.player.batch() as counts:
-            episodes = asyncio.run(self._play(tasks))
-        self.counts = dict(counts)
+        self.errors, before = [], self.player.counters()
+        with self.player.batch():
+            episodes = asyncio.run(self._play(tasks, self.errors))
+        self.counts = counted_since(before, self.player.counters())
         log_failures(self.errors, self.player.failures.format(rollouts=len(episodes)))
         return episodes
 
-    async def _play(self, tasks: list) -> list[Episode]:
-        return list(await asyncio.gather(*(self.player.play(task, k, self.errors)
+    async def produce(self, admitted: Callable[[int], Awaitable[bool]], deliver: Deliver) -> None:
+        """Asynchronous training (rollout/producer.py): batch b = 1, 2, ... is drawn and its rollouts start once
+        `await admitted(b)` allows it (False: stop), while the slowest rollouts of the batches before it may still
+        run; each batch is delivered, in order, once its rollouts have all ended: `deliver(episodes, errors,
+        counts, state)`, its counts those made since the delivery before, `state` the collector's right after it
+        was drawn. On stop, the batches in flight are played to their end (and delivered)."""
+        counted = self.player.counters()
+
+        async def delivered_after(before: asyncio.Task | None, rollouts: Awaitable[list[Episode]],
+                                  errors: list[str], state: dict) -> None:
+            nonlocal counted
+            try:
+                episodes = await rollouts
+            finally:                        # the batch before is delivered first, whatever befalls this one
+                if before is not None:
+                    await before
+            now = self.player.counters()
+            counts, counted = counted_since(counted, now), now
+            log_failures(errors, self.player.failures.format(rollouts=len(episodes)))
+            deliver(episodes, errors, counts, state)
+
+        with self.player.batch():
+            last, b = None, 0
+            while await admitted_unless_failed(admitted(b := b + 1), last):
+                tasks = [self.player.task(j, self.next_seed + j) for j in self.share]
+                self.next_seed += self.n_tasks
+                errors: list[str] = []
+                last = asyncio.create_task(delivered_after(last, self._play(tasks, errors), errors, self.state_dict()))
+            if last is not None:
+                await last
+
+    async def _play(self, tasks: list, errors: list[str]) -> list[Episode]:
+        return list(await asyncio.gather(*(self.player.play(task, k, errors)
                                            for task in tasks for k in range(self.group_size))))
 
     def state_dict(self) -> dict:
@@ -95,7 +132,18 @@ class GroupCollector:
         self.player.close()
 
 
-@contextlib.contextmanager
-def no_counts() -> Iterator[dict[str, int]]:
-    """A player's `batch` when it counts nothing."""
-    yield {}
+async def admitted_unless_failed(admitted: Awaitable[bool], running: asyncio.Task | None) -> bool:
+    """`await admitted`, unless the batches `running` raise first: then their error (the learner waiting for them
+    hears of it at once, not at the end of the run)."""
+    gate = asyncio.ensure_future(admitted)
+    if running is not None:
+        await asyncio.wait([gate, running], return_when=asyncio.FIRST_COMPLETED)
+        if running.done() and running.exception() is not None:
+            gate.cancel()
+            raise running.exception()
+    return await gate
+
+
+def counted_since(before: dict[str, int], now: dict[str, int]) -> dict[str, int]:
+    """What each counter of `now` counted since `before`."""
+    return {name: n - before.get(name, 0) for name, n in now.items()}

@@ -1,23 +1,26 @@
 """Asynchronous rollouts: a producer thread collects the next batches while the learner trains on the last.
 
-    producer thread   for b = 1, 2, ...: wait until the learner has asked for batch b - K -> collect batch b
-                      (collector.collect(), in this thread's own event loop) -> queue it with the collector's
-                      state after it
+    producer thread   collector.produce(admitted, deliver) in an event loop of its own: batch b = 1, 2, ...
+                      starts once `admitted(b)` says the learner has asked for batch b - K; each batch ended is
+                      delivered (queued) with the collector's state after it
     learner           collect(): ask for the next batch -> wait until it is queued -> take it
 
 The learner asks for batch b right after the weight sync that follows its update on batch b-1, so when
-the producer starts batch b the engine holds the weights of version v(b-1-K) or newer, and every turn of
-batch b was sampled by one of them (a turn keeps the version its sampling started under: conservative
-when a sync falls inside it). Batch b trains the policy of version v(b-1): no trained turn is more than K
-versions older than the policy it trains, which `collect` checks on every batch. K = 0 would be collect,
-then train, as one loop; the training loop then runs without a producer.
+batch b starts the engine holds the weights of version v(b-1-K) or newer, and every turn of batch b was
+sampled by one of them (a turn keeps the version its sampling started under: conservative when a sync
+falls inside it). Batch b trains the policy of version v(b-1): no trained turn is more than K versions
+older than the policy it trains, which `collect` checks on every batch. K = 0 would be collect, then
+train, as one loop; the training loop then runs without a producer.
 
+What a collector overlaps: the group collectors start batch b+1's rollouts while the slowest rollouts of
+batch b still run (a long-tailed tool or env no longer idles the others, rollout/groups.py); the
+fixed-turn collector's batches follow each other, as each stream's next fragment follows its last.
 Episodes running across a sync continue (partial rollouts): the hf engine takes the new weights between
 two decode steps (engines/hf.py), so later turns, and the rest of a turn in flight, use them.
 
-A checkpoint keeps the collector's state right after the last batch the learner took (`state_dict`: a
-snapshot the producer takes between two batches); batches collected ahead of the learner are not saved,
-and a resumed run collects them again under its restored weights, so the bound holds across `--resume`.
+A checkpoint keeps the collector's state right after the last batch the learner took (`state_dict`: the
+state each batch is delivered with); batches collected ahead of the learner are not saved, and a resumed
+run collects them again under its restored weights, so the bound holds across `--resume`.
 
 Why a thread and not a process (the hf engine runs in this process): measured in BENCHMARKS.md
 (Asynchronous training). The engine's decode steps and the learner's passes are torch kernels that
@@ -26,9 +29,8 @@ release the GIL; what the two threads contend for is the Python between them.
 
 from __future__ import annotations
 
+import asyncio
 import collections
-import copy
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -38,13 +40,11 @@ from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.records import Episode
 from horizonrl.rollout.collector import Collector
 
-log = logging.getLogger(__name__)
-
 
 @dataclass
 class ProducedBatch:
     """A batch the producer collected: its episodes, the collector's errors and counts of it, the
-    collector's state after it, and how long the producer waited at the gate before starting it."""
+    collector's state after it, and how long it waited at the gate before it started."""
 
     episodes: list[Episode]
     errors: list[str]
@@ -58,7 +58,7 @@ class Producer:
     `max_staleness` batches ahead of the learner (see the module docstring). `weights_version()`: the
     engine's version now (the policy the learner updates next); `in_flight_at_sync()`: the engine's
     requests in flight at its last weight update. The thread starts at the first `collect`, after a
-    resume has loaded the collector's state; `close` stops it once its batch in progress ends."""
+    resume has loaded the collector's state; `close` stops it once its batches in flight end."""
 
     def __init__(self, collector: Collector, max_staleness: int, weights_version: Callable[[], int],
                  in_flight_at_sync: Callable[[], int]):
@@ -70,7 +70,8 @@ class Producer:
         self.counts: dict[str, int] = {}
         self._changed = threading.Condition()   # guards what follows, shared with the producer thread
         self._requested = 0                     # batches the learner asked for
-        self._started = 0                       # batches the producer started
+        self._delivered = 0                     # batches the collector delivered
+        self._gated_s: dict[int, float] = {}    # batch -> seconds it waited at the gate
         self._ready: collections.deque[ProducedBatch] = collections.deque()
         self._failure: BaseException | None = None
         self._stopping = False
@@ -117,27 +118,32 @@ class Producer:
                 "async/turns_in_flight_at_sync": int(in_flight)}
 
     def _produce(self) -> None:
-        """The producer thread: batch after batch, each once the gate lets it start, until `close`."""
+        """The producer thread: the collector's batches, each once the gate lets it start, until `close`."""
         try:
-            while True:
-                gate_opened = time.perf_counter()
-                with self._changed:
-                    self._changed.wait_for(lambda: self._stopping
-                                           or self._requested >= self._started + 1 - self.max_staleness)
-                    if self._stopping:
-                        return
-                    self._started += 1
-                gated_s = time.perf_counter() - gate_opened
-                episodes = self.collector.collect()
-                produced = ProducedBatch(episodes, list(self.collector.errors), dict(self.collector.counts),
-                                         copy.deepcopy(self.collector.state_dict()), gated_s)
-                with self._changed:
-                    self._ready.append(produced)
-                    self._changed.notify_all()
+            asyncio.run(self.collector.produce(self._admitted, self._deliver))
         except BaseException as error:    # the learner raises it at its next collect
             with self._changed:
                 self._failure = error
                 self._changed.notify_all()
+
+    async def _admitted(self, b: int) -> bool:
+        """Whether batch b may start (False: the producer stops), once the learner has asked for batch b - K."""
+        opened = time.perf_counter()
+        allowed = await asyncio.to_thread(self._wait_for_gate, b)
+        self._gated_s[b] = time.perf_counter() - opened
+        return allowed
+
+    def _wait_for_gate(self, b: int) -> bool:
+        with self._changed:
+            self._changed.wait_for(lambda: self._stopping or self._requested >= b - self.max_staleness)
+            return not self._stopping
+
+    def _deliver(self, episodes: list[Episode], errors: list[str], counts: dict[str, int], state: dict) -> None:
+        with self._changed:
+            self._delivered += 1
+            self._ready.append(ProducedBatch(episodes, list(errors), dict(counts), state,
+                                             self._gated_s.pop(self._delivered)))
+            self._changed.notify_all()
 
     def state_dict(self) -> dict:
         """The collector's state right after the last batch the learner took (batches collected ahead are

@@ -10,12 +10,12 @@ is positive. The agent loop recovers from tool errors: no rollout fails here.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from horizonrl.records import Episode, Task
 from horizonrl.rollout.agent_loop import AgentLoop
 from horizonrl.rollout.episode_groups import RewardFn
-from horizonrl.rollout.groups import no_counts
 
 
 class AgentLoopTasks:
@@ -29,8 +29,11 @@ class AgentLoopTasks:
     def task(self, j: int, seed: int) -> Task:
         return self.make_task(seed)
 
-    def batch(self):
-        return no_counts()
+    def batch(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def counters(self) -> dict[str, int]:
+        return {}
 
     def close(self) -> None:
         """Nothing to stop: the envs and the engine are the caller's."""
