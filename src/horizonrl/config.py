@@ -235,7 +235,7 @@ class OpenAIOptions(Section):
 
 
 class AsyncTrainingConfig(Section):
-    """Rollouts overlap the update (train/producer.py): a producer keeps collecting the next batches while the
+    """Rollouts overlap the update (rollout/producer.py): a producer keeps collecting the next batches while the
     learner trains on the last one. A batch never holds a turn sampled more than `max_staleness` weight syncs
     before the policy it trains (the producer starts batch b only once the learner has asked for batch
     b - max_staleness); 0: collect, then train, as one loop (no producer)."""
@@ -525,7 +525,8 @@ class TrainConfig(Section):
             return self
         if self.actor.tis_cap is None:
             raise InvalidKey("actor.tis_cap", "rollout.async_training.max_staleness >= 1 trains on turns sampled "
-                                              "by older weights; set actor.tis_cap (e.g. 2.0) to correct for them")
+                                              "by older weights; set actor.tis_cap to correct for them (1.0 "
+                                              "learned best: BENCHMARKS.md, Asynchronous training)")
         if self.rollout.engine != "hf":
             raise InvalidKey("rollout.async_training", f"asynchronous training runs with rollout.engine=hf only; "
                                                        f"the {self.rollout.engine} engine reloads its weights only "

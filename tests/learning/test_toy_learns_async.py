@@ -12,9 +12,9 @@ from test_toy_learns import pooled_success
 TOY = str(SOURCE_CONFIGS / "toy.yaml")
 
 
-@pytest.mark.slow
+@pytest.mark.slow   # 22 iterations: with K = 1 and tis_cap 1, seed 1 is at 0.98 from iteration 13 (BENCHMARKS.md)
 def test_toy_recipe_reaches_90_percent_success_one_update_behind(tmp_path):
-    run_dir = train(load_config(TOY, ["iterations=26", "rollout.async_training.max_staleness=1", "actor.tis_cap=2.0",
+    run_dir = train(load_config(TOY, ["iterations=22", "rollout.async_training.max_staleness=1", "actor.tis_cap=1.0",
                                       f"output_dir={tmp_path}"]), progress=False)
     records = read_metrics(run_dir / "metrics.jsonl")
     curve = [(r["iteration"], round(r["env/success_rate"] or 0, 2)) for r in records]
