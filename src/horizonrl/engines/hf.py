@@ -208,10 +208,10 @@ class HFEngine:
         """Take the pending requests that fit next to `batch`; None when there is nothing to run,
         decided under the lock so that the next `generate` starts a new worker."""
         with self._lock:
-            room = self.max_batch_size - (len(batch.requests) if batch else 0)
-            newcomers = self._pending[:room]
-            del self._pending[:room]
-            self._decoding = self.max_batch_size - room + len(newcomers)
+            running = len(batch.requests) if batch else 0
+            newcomers = self._pending[:self.max_batch_size - running]
+            del self._pending[:len(newcomers)]
+            self._decoding = running + len(newcomers)
             if batch is None and not newcomers:
                 self._working = False
                 return None

@@ -157,7 +157,7 @@ class Producer:
         self.collector.load_state_dict(state)
 
     def close(self) -> None:
-        """Stop the producer thread (after its batch in progress) and close the collector."""
+        """Stop the producer thread (once the batches in flight have ended) and close the collector."""
         with self._changed:
             self._stopping = True
             self._changed.notify_all()
