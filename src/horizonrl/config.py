@@ -519,18 +519,17 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _off_policy_is_corrected(self) -> TrainConfig:
         """With max_staleness K >= 1 the turns were sampled by up to K policies older than the one updated:
-        TIS weighs each token by min(pi_proximal / pi_behaviour, tis_cap), so the cap is required. Only the
-        hf engine takes a weight update while it samples (between two decode steps, under its lock)."""
+        TIS weighs each token by min(pi_proximal / pi_behaviour, tis_cap), so the cap is required. The engine
+        keeps sampling through the update, so vLLM may not sleep (free its weights) during it."""
         if self.rollout.async_training.max_staleness == 0:
             return self
         if self.actor.tis_cap is None:
             raise InvalidKey("actor.tis_cap", "rollout.async_training.max_staleness >= 1 trains on turns sampled "
                                               "by older weights; set actor.tis_cap to correct for them (1.0 "
                                               "learned best: BENCHMARKS.md, Asynchronous training)")
-        if self.rollout.engine != "hf":
-            raise InvalidKey("rollout.async_training", f"asynchronous training runs with rollout.engine=hf only; "
-                                                       f"the {self.rollout.engine} engine reloads its weights only "
-                                                       "between rollouts (set max_staleness: 0)")
+        if self.rollout.engine == "vllm" and self.rollout.vllm.enable_sleep_mode:
+            raise InvalidKey("rollout.vllm.enable_sleep_mode", "asynchronous training keeps sampling while the "
+                                                               "learner updates: vLLM cannot sleep then")
         return self
 
     @model_validator(mode="after")

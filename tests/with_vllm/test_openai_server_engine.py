@@ -11,12 +11,13 @@ import json
 import threading
 import time
 
+import httpx
 import pytest
 
 pytest.importorskip("vllm")
 
 from learning.test_toy_learns import TOY
-from test_vllm_engine import check_sync, generate_all, max_logprob_diff, prompts_of
+from test_vllm_engine import check_sync, check_sync_during_a_request, generate_all, max_logprob_diff, prompts_of
 
 from horizonrl.agents.agent import Agent
 from horizonrl.cli import main
@@ -78,17 +79,38 @@ def test_sync_sends_every_weight_to_the_server(server, tiny, tmp_path):
     engine.sync_weights(model)                      # the served weights back, for the tests after this one
 
 
-def test_toy_recipe_trains_through_the_server(server, tmp_path):
+def requests_running(base_url: str) -> float:
+    """The server's vllm:num_requests_running gauge (its Prometheus /metrics)."""
+    text = httpx.get(base_url.removesuffix("/v1") + "/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running"))
+
+
+def test_a_request_in_flight_goes_on_with_the_new_weights(server, tiny, tmp_path):
+    """The server pauses, reloads, resets its prefix cache with the running request preempted, and resumes."""
+    tokenizer, model = tiny
+    engine = OpenAIServerEngine(tokenizer, server[0], weights_dir=tmp_path / "weights")
+    assert engine._pauses
+    switch = check_sync_during_a_request(engine, model, tokenizer, lambda: requests_running(server[0]) > 0)
+    print(f"openai engine: weights changed at token {switch} of 1500")
+
+
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_toy_recipe_trains_through_the_server(server, tmp_path, max_staleness):
     """The toy recipe's tiny model has the served model's shape: the run sends it its weights at the
-    start and after every update, and the server's log-probs stay the learner's."""
-    assert main(["train", TOY, "rollout.engine=openai", f"rollout.openai.base_url={server[0]}", "iterations=2",
+    start and after every update, and the server's log-probs stay the learner's. Asynchronously (K = 1) the
+    producer's rollouts go on through every weight update, and no trained turn is more than one version old."""
+    async_training = [f"rollout.async_training.max_staleness={max_staleness}", "actor.tis_cap=1.0"]
+    assert main(["train", TOY, "rollout.engine=openai", f"rollout.openai.base_url={server[0]}", "iterations=3",
                  "model.warm_start.iterations=1", "model.warm_start.steps=1", "critic.warmup_batches=1",
-                 f"output_dir={tmp_path}", "--quiet"]) == 0
+                 *(async_training if max_staleness else []), f"output_dir={tmp_path}", "--quiet"]) == 0
     run_dir = next(tmp_path.iterdir())
     records = read_metrics(run_dir / "metrics.jsonl")
-    assert [r["iteration"] for r in records] == [0, 1, 2]
-    for record in records[1:]:
-        assert record["rollout/logprob_abs_diff"] < 1e-5
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    if max_staleness:
+        assert [r["async/staleness_max"] <= 1 for r in records[1:]] == [True] * 3
+        assert max(r["async/staleness_max"] for r in records[1:]) == 1    # the producer did run ahead
+    else:
+        assert max(r["rollout/logprob_abs_diff"] for r in records[1:]) < 1e-5
     assert (run_dir / "engine_weights" / "model.safetensors.index.json").is_file()
 
 

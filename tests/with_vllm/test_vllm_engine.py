@@ -206,10 +206,7 @@ def check_sync(engine, model, tokenizer, prompts, params) -> float:
     the old weights (log-probs > 0.05 off the new ones) until `sync_weights`, then from the new ones
     (> 0.05 off the old ones) with the next weights version. Returns the max |logp diff| after sync."""
     before = copy.deepcopy(model)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    model.load_state_dict(perturbed(model, seed=0).state_dict())
     assert all(not torch.equal(a, b) for a, b in zip(before.parameters(), model.parameters()))
     stale = generate_all(engine, prompts, params)
     assert max_logprob_diff(model, tokenizer, prompts, stale, 1.0) > 0.05
@@ -218,6 +215,54 @@ def check_sync(engine, model, tokenizer, prompts, params) -> float:
     assert {g.weights_version for g in fresh} == {stale[0].weights_version + 1}
     assert max_logprob_diff(before, tokenizer, prompts, fresh, 1.0) > 0.05
     return max_logprob_diff(model, tokenizer, prompts, fresh, 1.0)
+
+
+def perturbed(model, seed: int = 1):
+    """A copy of `model` with every weight moved by 0.05 x N(0, 1) noise drawn from `seed`."""
+    new = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in new.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    return new
+
+
+def check_sync_during_a_request(engine, model, tokenizer, sampling) -> int:
+    """A sampled request running across `sync_weights` (asynchronous training's partial rollout) ends whole and
+    keeps the version it started under; its tokens are the old weights' up to some token and the new weights'
+    from there on, each with the log-prob the learner gives it under those weights over the whole prefix (the
+    new weights recomputed the KV: no token is sampled over the old weights' KV); the next request gets the next
+    version. `sampling()`: whether the engine is sampling the request. Leaves the engine on `model`'s weights;
+    returns the token at which the weights changed."""
+    new = perturbed(model)
+    prompt = prompts_of(tokenizer, 1)[0]
+    version = engine.state_dict()["weights_version"]
+
+    async def sync_during_a_request():
+        running = asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=1500, seed=7)))
+        while not sampling():
+            await asyncio.sleep(0.005)
+        await asyncio.to_thread(engine.sync_weights, new)
+        in_flight_at_sync = engine.in_flight_at_sync
+        return await running, await engine.generate(prompt, SamplingParams(max_tokens=4, seed=7)), in_flight_at_sync
+
+    in_flight, after, in_flight_at_sync = asyncio.run(sync_during_a_request())
+    engine.sync_weights(model)
+    sampled = torch.tensor(in_flight.logprobs)
+    by_old, by_new = ((learner_logprobs(m, tokenizer, [prompt], [in_flight], 1.0)[0] - sampled).abs() <= 1e-4
+                      for m in (model, new))
+    switch = int((~by_old).nonzero()[0]) if not by_old.all() else len(sampled)
+    assert len(in_flight.token_ids) == 1500 and 0 < switch < 1500
+    assert bool(by_new[switch:].all()), f"tokens after {switch} not sampled by the new weights over their own KV"
+    assert in_flight.weights_version == version and after.weights_version == version + 1
+    assert in_flight_at_sync == 1
+    return switch
+
+
+def test_a_request_in_flight_goes_on_with_the_new_weights(engine, tiny):
+    tokenizer, model = tiny
+    switch = check_sync_during_a_request(engine, model, tokenizer, lambda: bool(engine._running))
+    print(f"vllm engine: weights changed at token {switch} of 1500")
 
 
 def test_sync_updates_every_weight_in_place(engine, tiny, monkeypatch):

@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 from learning.test_toy_learns import TOY, pooled_success
 
 from horizonrl.cli import main
-from horizonrl.config import load_config
+from horizonrl.config import ConfigError, load_config
 from horizonrl.report.metrics import read_metrics
 from horizonrl.train.loop import train
 
@@ -38,6 +38,29 @@ def test_toy_recipe_runs_two_iterations_with_vllm_rollouts(tmp_path, capsys):
     assert versions[1] == {0} and versions[2] == {1}     # iteration 2 sampled with the weights after update 1
     engine_folder = run_dir / "engine_weights" / "rank0"  # the engine's weights lived in the run, not in /tmp
     assert (engine_folder / "config.json").is_file() and not list(engine_folder.glob("model*"))   # removed at the end
+
+
+def test_toy_recipe_trains_asynchronously_with_vllm_rollouts(tmp_path):
+    """K = 1: vLLM samples the next batch while the learner updates, taking each update's weights between two
+    of its steps; every turn trained at iteration i was sampled by weights version i - 2 or i - 1."""
+    assert main(["train", TOY, "rollout.engine=vllm", "rollout.async_training.max_staleness=1", "actor.tis_cap=1.0",
+                 "iterations=3", "model.warm_start.iterations=1", "model.warm_start.steps=1",
+                 "critic.warmup_batches=1", f"output_dir={tmp_path}", "--quiet"]) == 0
+    run_dir = next(tmp_path.iterdir())
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == [0, 1, 2, 3]
+    assert max(r["async/staleness_max"] for r in records[1:]) == 1
+    for line in (run_dir / "trajectories.jsonl").read_text().splitlines():
+        trajectory = json.loads(line)
+        i = trajectory["iteration"]
+        if i > 0:
+            assert {turn["weights_version"] for turn in trajectory["turns"]} <= {max(i - 2, 0), i - 1}
+
+
+def test_vllm_may_not_sleep_while_rollouts_overlap_the_update():
+    with pytest.raises(ConfigError, match="vLLM cannot sleep then"):
+        load_config(TOY, ["rollout.engine=vllm", "rollout.vllm.enable_sleep_mode=true", "actor.tis_cap=1.0",
+                          "rollout.async_training.max_staleness=1"])
 
 
 @pytest.mark.slow

@@ -12,9 +12,14 @@ are then those of the masked distribution, see engines/vllm_engine.py).
 
 Weight sync (training): the learner writes its weights to `weights_dir` (engines/weights.py: untied
 embeddings; the server must read that folder and should have been started from such a folder) and
-asks the server to reload them in place: `POST /collective_rpc {"method": "reload_weights"}` (vLLM with
-VLLM_SERVER_DEV_MODE=1), then `POST /reset_prefix_cache`. A server without that route can serve `eval`
-but not `train`: the engine refuses it at start.
+asks the server (vLLM with VLLM_SERVER_DEV_MODE=1) to take them while rollouts may be in flight
+(asynchronous training): `POST /pause?mode=keep` (no engine step runs; requests are kept, new ones
+queue), `POST /collective_rpc {"method": "reload_weights"}` (in place), `POST
+/reset_prefix_cache?reset_running_requests=true` (the old weights' KV goes, the requests in flight are
+preempted and recompute their prompt and tokens so far with the new weights), `POST /resume`. A reset
+the server reports failed is an error (never a stale cache kept). A server without `/collective_rpc`
+can serve `eval` but not `train`: the engine refuses it at start; one without `/pause` (vLLM before the
+pause API) reloads between two steps of its own, and its reset fails while requests run.
 
 Failures: a refused or dropped connection, a timeout or a 5xx answer is an OSError / RuntimeError,
 which `generate_with_retry` retries with back-off and then stops the run with an EngineError; every
@@ -24,6 +29,7 @@ message names the URL. A 4xx answer (a bad request) is a ValueError, not retried
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import httpx
@@ -47,11 +53,13 @@ class OpenAIServerEngine:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = httpx.Timeout(timeout_s, connect=10.0)
         self.seeds = RequestSeeds(seed)
+        self._lock = threading.Lock()   # guards seeds and _in_flight: a sync comes from the learner's thread
+        self._in_flight = 0             # requests sent and not yet answered
+        self.in_flight_at_sync = 0      # requests in flight when the weights last changed
         self.weights_dir = Path(weights_dir) if weights_dir is not None else None
         self.model = model or self._first_model()
         self._check_token_ids()
-        if self.weights_dir is not None:
-            self._check_reload_route()
+        self._pauses = self.weights_dir is not None and self._check_reload_route()
 
     def _call(self, method: str, url: str, json: dict | None = None) -> dict:
         """A blocking call (start-up and weight sync); EngineError naming the URL when it fails."""
@@ -79,11 +87,13 @@ class OpenAIServerEngine:
             raise EngineError(f"the server at {self.base_url} returns no token ids or log-probs with its completions "
                               "(it needs vLLM's return_token_ids): horizonrl trains on exact ids, never re-tokenised")
 
-    def _check_reload_route(self) -> None:
+    def _check_reload_route(self) -> bool:
+        """EngineError unless the server can reload weights; returns whether it can pause its engine."""
         paths = self._call("GET", f"{self.root_url}/openapi.json").get("paths", {})
         if "/collective_rpc" not in paths:
             raise EngineError(f"the server at {self.root_url} cannot take new weights (no /collective_rpc route): "
                               "start vLLM with VLLM_SERVER_DEV_MODE=1 to train with it (eval works as it is)")
+        return "/pause" in paths and "/resume" in paths
 
     def _body(self, prompt_ids: list[int], params: SamplingParams, seed: int) -> dict:
         body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
@@ -97,8 +107,10 @@ class OpenAIServerEngine:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
         check_grammar(params)
-        version = self.seeds.version
-        body = self._body(prompt_ids, params, self.seeds.next(prompt_ids, params.seed))
+        with self._lock:
+            version, seed = self.seeds.version, self.seeds.next(prompt_ids, params.seed)
+            self._in_flight += 1
+        body = self._body(prompt_ids, params, seed)
         url = f"{self.base_url}/completions"
         try:  # a client per call: collectors run each batch in a fresh event loop
             async with httpx.AsyncClient(timeout=self.timeout, headers=self.headers) as client:
@@ -107,6 +119,9 @@ class OpenAIServerEngine:
             raise TimeoutError(f"{url}: no answer within {self.timeout.read} s ({type(error).__name__})") from None
         except httpx.TransportError as error:
             raise ConnectionError(f"{url}: {type(error).__name__}: {error}") from None
+        finally:
+            with self._lock:
+                self._in_flight -= 1
         if response.status_code >= 500:
             raise RuntimeError(f"{url} answered {response.status_code}: {response.text[:300]}")
         if response.status_code >= 400:
@@ -118,14 +133,25 @@ class OpenAIServerEngine:
 
     def sync_weights(self, model, tensors=None) -> None:
         """Write `model`'s weights (`tensors`, see Engine.sync_weights) to `weights_dir` and have the
-        server reload them in place."""
+        server take them: pause, reload, reset the prefix cache (requests in flight preempted), resume."""
         if self.weights_dir is None:
             raise EngineError(f"this engine was built without weights_dir: it cannot send weights to {self.root_url}")
         write_untied(model, self.tokenizer, self.weights_dir, tensors=tensors)
-        self._call("POST", f"{self.root_url}/collective_rpc",
-                   {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir.resolve())}})
-        self._call("POST", f"{self.root_url}/reset_prefix_cache")
-        self.seeds.new_version()
+        if self._pauses:
+            self._call("POST", f"{self.root_url}/pause?mode=keep")
+        try:
+            self._call("POST", f"{self.root_url}/collective_rpc",
+                       {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir.resolve())}})
+            reset = self._call("POST", f"{self.root_url}/reset_prefix_cache?reset_running_requests=true")
+            if reset.get("success") is False:
+                raise EngineError(f"the server at {self.root_url} could not reset its prefix cache after a weight "
+                                  "update (blocks still held): the old weights' KV would be reused")
+        finally:
+            if self._pauses:
+                self._call("POST", f"{self.root_url}/resume")
+        with self._lock:
+            self.in_flight_at_sync = self._in_flight
+            self.seeds.new_version()
 
     def sleep(self) -> None:
         """Nothing to free here: the server holds its own memory."""

@@ -5,10 +5,14 @@ written to its weights folder (the run's engine_weights/rank<R> in training, rol
 or a temporary folder). Requests are continuously batched by vLLM's scheduler: a worker thread adds
 the requests that arrived to vLLM's `LLMEngine` and steps it, resolving each request's future as soon
 as its response ends, while the event loop keeps stepping envs (the pattern of HFEngine).
-`sync_weights` rewrites that folder's weights from the actor's state dict and has every vLLM worker
-reload them in place (`collective_rpc("reload_weights", weights_path=...)`: no restart; a callable or
-tensors sent by RPC would need vLLM's pickle fallback, VLLM_ALLOW_INSECURE_SERIALIZATION), then resets
-the prefix cache, whose KV the old weights computed. (On GPUs vLLM 0.32 also has an in-memory path
+`sync_weights` rewrites that folder's weights from the actor's state dict and, with vLLM's scheduler
+paused (`sleep(level=0, mode="keep")`: its engine process steps on its own), has every vLLM worker reload
+them in place (`collective_rpc("reload_weights", weights_path=...)`:
+no restart; a callable or tensors sent by RPC would need vLLM's pickle fallback,
+VLLM_ALLOW_INSECURE_SERIALIZATION), then resets the prefix cache, whose KV the old weights computed,
+preempting the requests in flight (`reset_running_requests`): under asynchronous training they go on
+after the sync, their prompt and the tokens sampled so far recomputed by the new weights, so no token
+is sampled over KV of the old ones; a reset that fails is an error, never a stale cache kept. (On GPUs vLLM 0.32 also has an in-memory path
 that skips the folder, its CUDA-IPC weight transfer, `weight_transfer_config={"backend": "ipc"}`,
 which this engine does not use.)
 
@@ -117,9 +121,12 @@ class VLLMEngine:
                             max_model_len=max_model_len, enable_sleep_mode=self.sleep_mode, **placement)
         self._vllm = vllm
         self._ids = itertools.count()
-        self._lock = threading.Lock()  # guards _pending and _working, shared with the worker thread
+        self._lock = threading.Lock()  # guards _pending, _working and _running, shared with the worker thread
+        self._stepping = threading.Lock()  # held by the worker's engine step and by a weight update
         self._pending: list[tuple[str, list[int], object, asyncio.Future, int]] = []
+        self._running: dict[str, tuple[asyncio.Future, int]] = {}   # in vLLM: id -> (future, weights version)
         self._working = False
+        self.in_flight_at_sync = 0  # requests pending or running when the weights last changed
         self._server: asyncio.Task | None = None
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
@@ -152,8 +159,7 @@ class VLLMEngine:
     def _run(self) -> None:
         """Worker thread: add the requests that arrived, step vLLM, settle the ones that ended; until
         nothing is running or pending (decided under the lock, so the next `generate` starts a worker)."""
-        engine = self.llm.llm_engine
-        running: dict[str, tuple[asyncio.Future, int]] = {}
+        engine, running = self.llm.llm_engine, self._running
         while True:
             with self._lock:
                 arrived, self._pending = self._pending, []
@@ -161,8 +167,10 @@ class VLLMEngine:
                     self._working = False
                     return
             try:
-                add_requests(engine, arrived, running, self._vllm.exceptions.VLLMClientError)
-                outputs = engine.step()
+                with self._stepping:
+                    with self._lock:
+                        add_requests(engine, arrived, running, self._vllm.exceptions.VLLMClientError)
+                    outputs = engine.step()
             except Exception as error:  # every request the engine holds or was adding learns about it
                 with contextlib.suppress(Exception):   # a dead engine cannot abort: its requests are gone anyway
                     engine.abort_request(list(running))
@@ -172,24 +180,35 @@ class VLLMEngine:
                 continue
             for output in outputs:
                 if output.finished:
-                    future, version = running.pop(output.request_id)
+                    with self._lock:
+                        future, version = running.pop(output.request_id)
                     settle(future, _generation(output, version))
 
     def sync_weights(self, model, tensors=None) -> None:
         """Sample from `model`'s weights from now on: every tensor of its state dict (tied ones under
-        each name) reloaded in place, the prefix cache reset. Call between rollouts, never during one."""
+        each name) written to the folder (vLLM reads it only when told to reload), then, with vLLM's scheduler
+        paused, reloaded in place and the prefix cache reset with the requests in flight preempted (see the
+        module docstring); they keep the version they started under."""
         if self._sleeping:
             self.llm.wake_up()
             self._sleeping = False
         write_untied(model, self.tokenizer, self.folder, self.dtype, tensors)
-        try:   # a bound on the workers' reload (vLLM enforces it in its engine process)
-            self.llm.collective_rpc("reload_weights", timeout=RELOAD_TIMEOUT_S,
-                                    kwargs={"weights_path": str(self.folder)})
-        except TimeoutError as error:
-            raise EngineError(f"vLLM did not reload the weights within {RELOAD_TIMEOUT_S} s: {error}") from None
-        self.llm.reset_prefix_cache()
-        with self._lock:
-            self.seeds.new_version()
+        with self._stepping:
+            self.llm.sleep(level=0, mode="keep")    # vLLM's engine process steps on its own: pause it
+            try:
+                try:   # a bound on the workers' reload (vLLM enforces it in its engine process)
+                    self.llm.collective_rpc("reload_weights", timeout=RELOAD_TIMEOUT_S,
+                                            kwargs={"weights_path": str(self.folder)})
+                except TimeoutError as error:
+                    raise EngineError(f"vLLM did not reload the weights within {RELOAD_TIMEOUT_S} s: {error}") from None
+                if not self.llm.reset_prefix_cache(reset_running_requests=True):
+                    raise EngineError("vLLM could not reset its prefix cache after a weight update: blocks are still "
+                                      "held (a KV transfer in flight?); the old weights' KV would be reused")
+            finally:
+                self.llm.wake_up(tags=["scheduling"])
+            with self._lock:
+                self.in_flight_at_sync = len(self._pending) + len(self._running)
+                self.seeds.new_version()
 
     def sleep(self) -> None:
         """With sleep mode (GPU): free vLLM's weights and KV cache until the next `sync_weights`."""

@@ -15,8 +15,10 @@ train, as one loop; the training loop then runs without a producer.
 What a collector overlaps: the group collectors start batch b+1's rollouts while the slowest rollouts of
 batch b still run (a long-tailed tool or env no longer idles the others, rollout/groups.py); the
 fixed-turn collector's batches follow each other, as each stream's next fragment follows its last.
-Episodes running across a sync continue (partial rollouts): the hf engine takes the new weights between
-two decode steps (engines/hf.py), so later turns, and the rest of a turn in flight, use them.
+Episodes running across a sync continue (partial rollouts): every engine takes the new weights between
+two of its steps, so later turns, and the rest of a turn in flight, use them (engines/hf.py: the request's
+KV so far is kept; engines/vllm_engine.py and engines/openai_server.py: vLLM preempts it and recomputes it
+with the new weights).
 
 A checkpoint keeps the collector's state right after the last batch the learner took (`state_dict`: the
 state each batch is delivered with); batches collected ahead of the learner are not saved, and a resumed

@@ -118,7 +118,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
                                load_reward_fn(cfg.group.reward_fn))
         collector = GroupCollector(episodes, cfg.group.n_tasks, cfg.group.group_size, cfg.seed,
                                    ranks.share(cfg.group.n_tasks))
-    if cfg.rollout.async_training.max_staleness:    # the hf engine (config.py), sampling from a copy of its own
+    if cfg.rollout.async_training.max_staleness:    # an hf engine samples from a copy of its own (local_networks)
         collector = Producer(collector, cfg.rollout.async_training.max_staleness,
                              lambda: engine.state_dict()["weights_version"], lambda: engine.in_flight_at_sync)
     critic_opt = critic_loss = None
