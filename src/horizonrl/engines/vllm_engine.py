@@ -195,17 +195,17 @@ class VLLMEngine:
         write_untied(model, self.tokenizer, self.folder, self.dtype, tensors)
         with self._stepping:
             self.llm.sleep(level=0, mode="keep")    # vLLM's engine process steps on its own: pause it
-            try:
-                try:   # a bound on the workers' reload (vLLM enforces it in its engine process)
-                    self.llm.collective_rpc("reload_weights", timeout=RELOAD_TIMEOUT_S,
-                                            kwargs={"weights_path": str(self.folder)})
-                except TimeoutError as error:
-                    raise EngineError(f"vLLM did not reload the weights within {RELOAD_TIMEOUT_S} s: {error}") from None
-                if not self.llm.reset_prefix_cache(reset_running_requests=True):
-                    raise EngineError("vLLM could not reset its prefix cache after a weight update: blocks are still "
-                                      "held (a KV transfer in flight?); the old weights' KV would be reused")
+            try:   # a bound on the workers' reload (vLLM enforces it in its engine process)
+                self.llm.collective_rpc("reload_weights", timeout=RELOAD_TIMEOUT_S,
+                                        kwargs={"weights_path": str(self.folder)})
+                reset = self.llm.reset_prefix_cache(reset_running_requests=True)
+            except TimeoutError as error:
+                raise EngineError(f"vLLM did not reload the weights within {RELOAD_TIMEOUT_S} s: {error}") from None
             finally:
                 self.llm.wake_up(tags=["scheduling"])
+            if not reset:
+                raise EngineError("vLLM could not reset its prefix cache after a weight update: blocks are still held "
+                                  "(a KV transfer in flight?); the old weights' KV would be reused")
             with self._lock:
                 self.in_flight_at_sync = len(self._pending) + len(self._running)
                 self.seeds.new_version()
