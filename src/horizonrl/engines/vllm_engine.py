@@ -7,14 +7,13 @@ the requests that arrived to vLLM's `LLMEngine` and steps it, resolving each req
 as its response ends, while the event loop keeps stepping envs (the pattern of HFEngine).
 `sync_weights` rewrites that folder's weights from the actor's state dict and, with vLLM's scheduler
 paused (`sleep(level=0, mode="keep")`: its engine process steps on its own), has every vLLM worker reload
-them in place (`collective_rpc("reload_weights", weights_path=...)`:
-no restart; a callable or tensors sent by RPC would need vLLM's pickle fallback,
-VLLM_ALLOW_INSECURE_SERIALIZATION), then resets the prefix cache, whose KV the old weights computed,
-preempting the requests in flight (`reset_running_requests`): under asynchronous training they go on
-after the sync, their prompt and the tokens sampled so far recomputed by the new weights, so no token
-is sampled over KV of the old ones; a reset that fails is an error, never a stale cache kept. (On GPUs vLLM 0.32 also has an in-memory path
-that skips the folder, its CUDA-IPC weight transfer, `weight_transfer_config={"backend": "ipc"}`,
-which this engine does not use.)
+them in place (`collective_rpc("reload_weights", weights_path=...)`: no restart; a callable or tensors sent
+by RPC would need vLLM's pickle fallback, VLLM_ALLOW_INSECURE_SERIALIZATION), then resets the prefix cache,
+whose KV the old weights computed, preempting the requests in flight (`reset_running_requests`): under
+asynchronous training they go on after the sync, their prompt and the tokens sampled so far recomputed by
+the new weights, so no token is sampled over KV of the old ones; a reset that fails is an error, never a
+stale cache kept. (On GPUs vLLM 0.32 also has an in-memory path that skips the folder, its CUDA-IPC weight
+transfer, `weight_transfer_config={"backend": "ipc"}`, which this engine does not use.)
 
 Log-probs are vLLM's `processed_logprobs`: the sampled token's log-prob after temperature and top-p,
 the distribution it was sampled from (for greedy requests, the untempered one), as HFEngine returns
