@@ -19,7 +19,8 @@ queue), `POST /collective_rpc {"method": "reload_weights"}` (in place), `POST
 preempted and recompute their prompt and tokens so far with the new weights), `POST /resume`. A reset
 the server reports failed is an error (never a stale cache kept). A server without `/collective_rpc`
 can serve `eval` but not `train`: the engine refuses it at start; one without `/pause` (vLLM before the
-pause API) reloads between two steps of its own, and its reset fails while requests run.
+pause API) reloads between two steps of its own and resets its prefix cache without preempting (running
+requests while steps go on: vLLM 0.32 hung on that), so that reset fails, an EngineError, while requests run.
 
 Failures: a refused or dropped connection, a timeout or a 5xx answer is an OSError / RuntimeError,
 which `generate_with_retry` retries with back-off and then stops the run with an EngineError; every
@@ -142,7 +143,8 @@ class OpenAIServerEngine:
         try:
             self._call("POST", f"{self.root_url}/collective_rpc",
                        {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir.resolve())}})
-            reset = self._call("POST", f"{self.root_url}/reset_prefix_cache?reset_running_requests=true")
+            preempt = "?reset_running_requests=true" if self._pauses else ""   # only a paused engine stays sound
+            reset = self._call("POST", f"{self.root_url}/reset_prefix_cache{preempt}")
             if reset.get("success") is False:
                 raise EngineError(f"the server at {self.root_url} could not reset its prefix cache after a weight "
                                   "update (blocks still held): the old weights' KV would be reused")
