@@ -18,9 +18,12 @@ queue), `POST /collective_rpc {"method": "reload_weights"}` (in place), `POST
 /reset_prefix_cache?reset_running_requests=true` (the old weights' KV goes, the requests in flight are
 preempted and recompute their prompt and tokens so far with the new weights), `POST /resume`. A reset
 the server reports failed is an error (never a stale cache kept). A server without `/collective_rpc`
-can serve `eval` but not `train`: the engine refuses it at start; one without `/pause` (vLLM before the
-pause API) reloads between two steps of its own and resets its prefix cache without preempting (running
-requests while steps go on: vLLM 0.32 hung on that), so that reset fails, an EngineError, while requests run.
+can serve `eval` but not `train`: the engine refuses it at start. One without the keep pause (`/pause` with
+`mode=keep`: vLLM from 2026-02; before, `/pause` aborted or drained the requests in flight, and before
+2025-11 there was none) trains synchronously only, where no request runs at a sync: it reloads and resets its
+prefix cache without a pause. Asynchronous training (`updates_in_flight`) refuses such a server at start.
+A response that ended otherwise than by a stop or its length (vLLM's "abort") is not a whole response: a
+RuntimeError, retried.
 
 Failures: a refused or dropped connection, a timeout or a 5xx answer is an OSError / RuntimeError,
 which `generate_with_retry` retries with back-off and then stops the run with an EngineError; every
@@ -29,6 +32,7 @@ message names the URL. A 4xx answer (a bad request) is a ValueError, not retried
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -43,10 +47,12 @@ from horizonrl.engines.weights import write_untied
 class OpenAIServerEngine:
     """Engine over the OpenAI-compatible server at `base_url` (its /v1 URL); see the module docstring.
     `weights_dir`: where `sync_weights` writes the weights for the server to reload (None: the engine
-    cannot sync, as for eval). `model`: the served model's name (None: the first of /v1/models)."""
+    cannot sync, as for eval). `model`: the served model's name (None: the first of /v1/models).
+    `updates_in_flight`: weights change while requests run (asynchronous training); the server must pause."""
 
     def __init__(self, tokenizer, base_url: str, api_key: str | None = None, model: str | None = None,
-                 timeout_s: float = 300.0, seed: int = 0, weights_dir: str | Path | None = None):
+                 timeout_s: float = 300.0, seed: int = 0, weights_dir: str | Path | None = None,
+                 updates_in_flight: bool = False):
         self.tokenizer = tokenizer
         self.base_url = base_url.rstrip("/")
         self.root_url = self.base_url.removesuffix("/v1")
@@ -61,6 +67,10 @@ class OpenAIServerEngine:
         self.model = model or self._first_model()
         self._check_token_ids()
         self._pauses = self.weights_dir is not None and self._check_reload_route()
+        if updates_in_flight and not self._pauses:
+            raise EngineError(f"the server at {self.root_url} cannot pause with its requests kept (POST /pause?mode=keep,"
+                              " vLLM from 2026-02): asynchronous training changes its weights while requests run. "
+                              "Upgrade vLLM, or train synchronously (rollout.async_training.max_staleness=0)")
 
     def _call(self, method: str, url: str, json: dict | None = None) -> dict:
         """A blocking call (start-up and weight sync); EngineError naming the URL when it fails."""
@@ -89,12 +99,15 @@ class OpenAIServerEngine:
                               "(it needs vLLM's return_token_ids): horizonrl trains on exact ids, never re-tokenised")
 
     def _check_reload_route(self) -> bool:
-        """EngineError unless the server can reload weights; returns whether it can pause its engine."""
+        """EngineError unless the server can reload weights; returns whether it can pause its engine with the
+        requests kept (its /pause takes mode=keep, and it has /resume)."""
         paths = self._call("GET", f"{self.root_url}/openapi.json").get("paths", {})
         if "/collective_rpc" not in paths:
             raise EngineError(f"the server at {self.root_url} cannot take new weights (no /collective_rpc route): "
                               "start vLLM with VLLM_SERVER_DEV_MODE=1 to train with it (eval works as it is)")
-        return "/pause" in paths and "/resume" in paths
+        pause = paths.get("/pause", {}).get("post", {}).get("parameters", [])
+        keeps = any(p.get("name") == "mode" and "keep" in json.dumps(p.get("schema", {})) for p in pause)
+        return keeps and "/resume" in paths
 
     def _body(self, prompt_ids: list[int], params: SamplingParams, seed: int) -> dict:
         body = {"model": self.model, "prompt": list(prompt_ids), "max_tokens": params.max_tokens,
@@ -128,7 +141,10 @@ class OpenAIServerEngine:
         if response.status_code >= 400:
             raise ValueError(f"{url} answered {response.status_code}: {response.text[:300]}")
         choice = response.json()["choices"][0]
-        reason = "length" if choice["finish_reason"] == "length" else "stop"
+        if choice["finish_reason"] not in ("stop", "length"):
+            raise RuntimeError(f"{url}: a response ended by {choice['finish_reason']!r}, not by a stop or its length: "
+                               "it is not whole")
+        reason = choice["finish_reason"]
         generation = Generation(list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"]), reason, version)
         return cut_at_stop_pattern(generation, self.tokenizer, params.stop_patterns)
 

@@ -52,7 +52,7 @@ def make_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: tor
         if weights_dir is not None and options.weights_dir is not None:
             weights_dir = Path(options.weights_dir)
         engine = OpenAIServerEngine(tokenizer, options.base_url, options.api_key, options.model, options.timeout_s,
-                                    seed, weights_dir)
+                                    seed, weights_dir, updates_in_flight=rollout.async_training.max_staleness > 0)
         if weights_dir is not None:   # training: the server samples from the learner's weights from the start
             engine.sync_weights(model, tensors)
         return engine
