@@ -333,6 +333,9 @@ class ActorConfig(Section):
     tis_cap: float | None = Field(
         None, gt=0, description="truncated importance sampling: each token's policy-gradient term weighted by "
                                 "min(exp(logp_old - logp_engine), tis_cap); None: off")
+    tis_mode: Literal["truncate", "mask"] = Field(
+        "truncate", description="a token whose exp(logp_old - logp_engine) exceeds tis_cap: truncate: weighted "
+                                "tis_cap; mask: weighted 0 (out of the policy gradient), the others by the exact ratio")
 
 
 class PPOConfig(Section):

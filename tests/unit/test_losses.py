@@ -244,11 +244,22 @@ def test_tis_weights_truncate_the_engine_to_learner_ratio_at_the_cap():
     torch.testing.assert_close(tis_weights(logp_old, logp_engine, 10.0), torch.tensor([3.0, 0.5, 1.0]), **TOL)
 
 
+def test_masked_tis_weights_drop_the_tokens_over_the_cap_and_keep_the_exact_ratio_below():
+    # ratios 3, 0.5, 1, 2 (ln 2: at the cap, kept)  ->  cap 2: 0, 0.5, 1, 2; cap 10: 3, 0.5, 1, 2
+    logp_engine = torch.tensor([-1.0, -2.0, -0.7, -3.0])
+    logp_old = logp_engine + torch.tensor([math.log(3.0), math.log(0.5), 0.0, math.log(2.0) - 1e-6])
+    torch.testing.assert_close(tis_weights(logp_old, logp_engine, 2.0, "mask"), torch.tensor([0.0, 0.5, 1.0, 2.0]),
+                               **TOL)
+    torch.testing.assert_close(tis_weights(logp_old, logp_engine, 10.0, "mask"), torch.tensor([3.0, 0.5, 1.0, 2.0]),
+                               **TOL)
+
+
 def test_tis_cap_weights_each_tokens_policy_gradient_term(river_tiny):
     """At rho = 1 (logp == logp_old) the clipped surrogate is -A per token; advantages 1, -2, 0.5 give
     -1, 2, -0.5 (dual clip 3 does not bind: min(2, 6) = 2), token mean 0.5 / 3. Engine log-probs
     ln 3, ln 0.5, 0 below the learner's give weights min(3, 2) = 2, 0.5, 1 (cap 2):
-    -2, 1, -0.5, token mean -1.5 / 3 = -0.5. tis_cap None is the plain loss, bit for bit."""
+    -2, 1, -0.5, token mean -1.5 / 3 = -0.5; masked, 0, 0.5, 1: 0, 1, -0.5, token mean 0.5 / 3. tis_cap None
+    is the plain loss, bit for bit."""
     from horizonrl.learner.update import actor_loss_fn
 
     model = river_tiny[1]
@@ -262,9 +273,12 @@ def test_tis_cap_weights_each_tokens_policy_gradient_term(river_tiny):
     plain, _ = actor_loss_fn(*args)(mb, 3.0, 1.0)
     off, _ = actor_loss_fn(*args, tis_cap=None)(mb, 3.0, 1.0)
     weighted, _ = actor_loss_fn(*args, tis_cap=2.0)(mb, 3.0, 1.0)
+    masked, parts = actor_loss_fn(*args, tis_cap=2.0, tis_mode="mask")(mb, 3.0, 1.0)
     assert torch.equal(plain, off)
     assert plain.item() == pytest.approx(0.5 / 3, abs=1e-5)
     assert weighted.item() == pytest.approx(-0.5, abs=1e-5)
+    assert masked.item() == pytest.approx(0.5 / 3, abs=1e-5)     # weights 0, 0.5, 1: 0, 1, -0.5 -> 0.5 / 3
+    assert parts["rollout/tis_clipped_frac"][0] == pytest.approx(1.0)   # one token of three over the cap
     without_engine = {k: v for k, v in mb.items() if k != "logp_engine"}
     with pytest.raises(ValueError, match="tis_cap .* engine returns none"):
         actor_loss_fn(*args, tis_cap=2.0)(without_engine, 3.0, 1.0)

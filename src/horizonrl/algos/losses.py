@@ -59,14 +59,16 @@ def ppo_policy_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, clip_low: float
     return loss, (clipped > unclipped).to(loss.dtype)
 
 
-def tis_weights(logp_old: Tensor, logp_engine: Tensor, cap: float) -> Tensor:
-    """Truncated importance weights of tokens the engine sampled for the learner's policy:
+def tis_weights(logp_old: Tensor, logp_engine: Tensor, cap: float, mode: str = "truncate") -> Tensor:
+    """Importance weights of tokens the engine sampled for the learner's policy, rho = exp(logp_old - logp_engine):
 
-        w = min(exp(logp_old - logp_engine), cap)
+        truncate   w = min(rho, cap)
+        mask       w = rho where rho <= cap, else 0 (the token leaves the policy gradient; AReaL's filter)
 
     logp_old: the learner's log-prob before the update; logp_engine: the engine's, as sampled. Data,
     not a function of the parameters: no gradient flows through w."""
-    return torch.exp(logp_old - logp_engine).clamp(max=cap).detach()
+    rho = torch.exp(logp_old - logp_engine)
+    return (rho.clamp(max=cap) if mode == "truncate" else torch.where(rho <= cap, rho, 0.0)).detach()
 
 
 def approx_kl(logp: Tensor, logp_old: Tensor) -> Tensor:

@@ -160,9 +160,9 @@ def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) 
 
 
 def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | None, entropy_coef: float,
-                  loss_agg: str, temperature: float, kl_loss_coef: float = 0.0, tis_cap: float | None = None
-                  ) -> LossFn:
-    """PPO clipped surrogate (each token's term weighted by `tis_weights` when `tis_cap` is set)
+                  loss_agg: str, temperature: float, kl_loss_coef: float = 0.0, tis_cap: float | None = None,
+                  tis_mode: str = "truncate") -> LossFn:
+    """PPO clipped surrogate (each token's term weighted by `tis_weights` when `tis_cap` is set, `tis_mode`)
     - entropy_coef * entropy + kl_loss_coef * k3 KL(pi || pi_ref) (GRPO's beta term, differentiated
     through pi), each aggregated by `loss_agg`.
 
@@ -173,7 +173,7 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
     Besides the loss terms, statistics of logp_old, so that they exist whether it was scored or not:
     `train/kl_ref` (k3 KL(pi_old || pi_ref), when there is a logp_ref) and the sampler's consistency,
     `rollout/logprob_abs_diff` = |logp_old - logp_engine| (and, with `tis_cap`, the mean TIS weight and
-    the fraction of tokens the cap cut), when there is a logp_engine."""
+    the fraction of tokens over the cap, truncated or masked), when there is a logp_engine."""
     def loss_fn(mb, num_tokens, num_seqs):
         mask = mb["loss_mask"]
         logp, entropy = token_logprobs(actor, mb["input_ids"], mb["attention_mask"], mask, temperature)
@@ -182,7 +182,7 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
         if tis_cap is not None:
             if "logp_engine" not in mb:
                 raise ValueError("actor.tis_cap weights tokens by the engine's log-probs, and this engine returns none")
-            weights = tis_weights(logp_old, mb["logp_engine"], tis_cap)
+            weights = tis_weights(logp_old, mb["logp_engine"], tis_cap, tis_mode)
             pg = pg * weights
         loss = aggregate(pg, mask, loss_agg, num_tokens, num_seqs)
         loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg, num_tokens, num_seqs)

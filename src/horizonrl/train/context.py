@@ -125,7 +125,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     actor_opt = torch.optim.AdamW(trainable(actor), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
     actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
                                cfg.actor.entropy_coef, cfg.actor.loss_agg, cfg.rollout.temperature,
-                               cfg.actor.kl_loss_coef, cfg.actor.tis_cap)
+                               cfg.actor.kl_loss_coef, cfg.actor.tis_cap, cfg.actor.tis_mode)
     if critic is not None:
         critic_opt = torch.optim.AdamW(trainable(critic), lr=cfg.critic.lr, weight_decay=cfg.optim.weight_decay)
         critic_loss = critic_loss_fn(critic, cfg.critic.value_clip, cfg.critic.first_token_weight)
