@@ -522,14 +522,15 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _off_policy_is_corrected(self) -> TrainConfig:
         """With max_staleness K >= 1 the turns were sampled by up to K policies older than the one updated:
-        TIS weighs each token by min(pi_proximal / pi_behaviour, tis_cap), so the cap is required. The engine
+        TIS weighs each token by pi_proximal / pi_behaviour, capped (`tis_mode`), so the cap is required. The engine
         keeps sampling through the update, so vLLM may not sleep (free its weights) during it."""
         if self.rollout.async_training.max_staleness == 0:
             return self
         if self.actor.tis_cap is None:
             raise InvalidKey("actor.tis_cap", "rollout.async_training.max_staleness >= 1 trains on turns sampled "
-                                              "by older weights; set actor.tis_cap to correct for them (1.0 "
-                                              "learned best: BENCHMARKS.md, Asynchronous training)")
+                                              "by older weights; set actor.tis_cap to correct for them (1.0 when "
+                                              "one update moves the policy far, 2.0 when it moves it little: "
+                                              "BENCHMARKS.md, Asynchronous training)")
         if self.rollout.engine == "vllm" and self.rollout.vllm.enable_sleep_mode:
             raise InvalidKey("rollout.vllm.enable_sleep_mode", "asynchronous training keeps sampling while the "
                                                                "learner updates: vLLM cannot sleep then")
