@@ -21,9 +21,9 @@ placed three ways:
 
 Each load repeats its unit (an update; a batch) until it has run --seconds and keeps going until the other has
 too, so it is measured only while the other runs. Reported per placement: `updates_per_s` and
-`env_steps_per_s`; `share_of_alone`: a placement's rates over each load's alone (their sum over 1.0: the overlap's gain);
-`threads_over_processes`: the threads' rates over the processes'. Near 1.0, a producer process would be no
-faster than the thread on this machine.
+`env_steps_per_s`; `share_of_alone`: those rates over each load's alone (a sum over 1.0 is what the overlap
+gains); `threads_over_processes`: the threads' rates over the processes'. Near 1.0, a producer process would be
+no faster than the thread on this machine.
 """
 
 from __future__ import annotations
@@ -110,6 +110,7 @@ def in_process(loads: tuple[str, ...], seconds: float, start, measured, parties:
 
 
 def placement(name: str, seconds: float, folder: Path) -> dict:
+    """The learner's updates and the producer's env steps per second placed as `name` says (module docstring)."""
     spawn = mp.get_context("spawn")
     if name == "threads":
         rates = in_process(LOADS, seconds, spawn.Barrier(2), spawn.Value("i", 0), 2, folder / name)
@@ -140,9 +141,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         result = {name: placement(name, args.seconds, Path(folder)) for name in args.placements}
-    for name in {"threads", "processes"} & result.keys() if "alone" in result else ():   # 1.0 each: alone's rate
-        result[name]["share_of_alone"] = {key: result[name][key] / result["alone"][key]
-                                          for key in ("updates_per_s", "env_steps_per_s")}
+    if "alone" in result:
+        for name in {"threads", "processes"} & result.keys():
+            result[name]["share_of_alone"] = {key: result[name][key] / result["alone"][key]
+                                              for key in ("updates_per_s", "env_steps_per_s")}
     if {"threads", "processes"} <= result.keys():
         result["threads_over_processes"] = {key: result["threads"][key] / result["processes"][key]
                                             for key in ("updates_per_s", "env_steps_per_s")}

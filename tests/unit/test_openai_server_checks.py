@@ -18,8 +18,8 @@ from horizonrl.engines.openai_server import OpenAIServerEngine
 from horizonrl.engines.retry import EngineError, is_transient
 
 RELOAD = {"/collective_rpc": {"post": {}}, "/reset_prefix_cache": {"post": {}}, "/resume": {"post": {}}}
-OLD_PAUSE = {"post": {"parameters": [{"name": "wait_for_inflight_requests", "in": "query", "schema": {"type": "boolean"}},
-                                     {"name": "clear_cache", "in": "query", "schema": {"type": "boolean"}}]}}
+FLAG = {"in": "query", "schema": {"type": "boolean"}}
+OLD_PAUSE = {"post": {"parameters": [{"name": "wait_for_inflight_requests", **FLAG}, {"name": "clear_cache", **FLAG}]}}
 KEEP_PAUSE = {"post": {"parameters": [{"name": "mode", "in": "query",   # vLLM 0.32's, as its openapi.json has it
                                        "schema": {"enum": ["abort", "wait", "keep"], "type": "string"}}]}}
 

@@ -68,9 +68,10 @@ class OpenAIServerEngine:
         self._check_token_ids()
         self._pauses = self.weights_dir is not None and self._check_reload_route()
         if updates_in_flight and not self._pauses:
-            raise EngineError(f"the server at {self.root_url} cannot pause with its requests kept (POST /pause?mode=keep,"
-                              " vLLM from 2026-02): asynchronous training changes its weights while requests run. "
-                              "Upgrade vLLM, or train synchronously (rollout.async_training.max_staleness=0)")
+            raise EngineError(f"the server at {self.root_url} cannot pause with its requests kept (POST "
+                              "/pause?mode=keep, vLLM from 2026-02): asynchronous training changes its weights while "
+                              "requests run. Upgrade vLLM, or train synchronously "
+                              "(rollout.async_training.max_staleness=0)")
 
     def _call(self, method: str, url: str, json: dict | None = None) -> dict:
         """A blocking call (start-up and weight sync); EngineError naming the URL when it fails."""
