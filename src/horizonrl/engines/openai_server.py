@@ -32,7 +32,6 @@ message names the URL. A 4xx answer (a bad request) is a ValueError, not retried
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
@@ -107,7 +106,7 @@ class OpenAIServerEngine:
             raise EngineError(f"the server at {self.root_url} cannot take new weights (no /collective_rpc route): "
                               "start vLLM with VLLM_SERVER_DEV_MODE=1 to train with it (eval works as it is)")
         pause = paths.get("/pause", {}).get("post", {}).get("parameters", [])
-        keeps = any(p.get("name") == "mode" and "keep" in json.dumps(p.get("schema", {})) for p in pause)
+        keeps = any(p.get("name") == "mode" and "keep" in p.get("schema", {}).get("enum", []) for p in pause)
         return keeps and "/resume" in paths
 
     def _body(self, prompt_ids: list[int], params: SamplingParams, seed: int) -> dict:
