@@ -1,13 +1,15 @@
 """Synchronous vs asynchronous training (rollout.async_training.max_staleness K = 0, 1, 2) on the same work, in
 one run; prints one JSON object {"learner_bound": {...}, "rollout_bound": {...}}.
 
-    python benchmarks/async.py [--iterations 6] [--workloads learner_bound rollout_bound]
+    python benchmarks/async.py [--iterations 6] [--workloads learner_bound rollout_bound] [--process]
 
 Run from the repository root. Each workload trains the same start (the same model, seeds and config but for
 K) three times and reports env steps per second over iterations 2..N (`progress/env_steps` and
 `progress/wall_clock_s` of metrics.jsonl: iteration 1 fills the producer's pipeline and is left out), as
 `env_steps_per_s_k0`, `_k1`, `_k2`, and `speedup_k1`, `speedup_k2` (over K = 0), with the mean time the learner
-waited for data and the mean staleness of each asynchronous run.
+waited for data and the mean staleness of each asynchronous run. The producer is a thread
+(rollout.async_training.producer); `--process` runs K = 1 and 2 with a producer process as well
+(keys `env_steps_per_s_k1_process`, `speedup_k1_process`, ...: over the same K = 0).
 
     learner_bound   the default job (configs/babyai_tiny.yaml: PPO on BabyAI, the tiny model, 2 torch threads),
                     its critic warmup cut to one batch (it is not measured)
@@ -54,16 +56,23 @@ def steps_per_s(run: Path) -> tuple[float, float, float]:
     return rate, wait, staleness
 
 
-def measure(name: str, iterations: int, root: Path) -> dict:
+def measure(name: str, iterations: int, with_process: bool, root: Path) -> dict:
+    """The workload's keys (module docstring) for every K; `with_process`: the same for K >= 1 with a producer
+    process too, suffixed `_process`."""
     recipe, overrides = workload_overrides(name, root)
+    runs = [(k, "thread") for k in STALENESS] + [(k, "process") for k in STALENESS[1:] if with_process]
     result = {}
-    for k in STALENESS:
+    for k, producer in runs:
+        suffix = "_process" if producer == "process" else ""
         cfg = load_config(recipe, [*overrides, f"iterations={iterations}", "save_every=0", f"actor.tis_cap={TIS_CAP}",
-                                   f"rollout.async_training.max_staleness={k}", f"output_dir={root / f'k{k}'}"])
+                                   f"rollout.async_training.max_staleness={k}",
+                                   f"rollout.async_training.producer={producer}",
+                                   f"output_dir={root / f'k{k}{suffix}'}"])
         rate, wait, staleness = steps_per_s(train(cfg, progress=False))
-        result.update({f"env_steps_per_s_k{k}": rate, f"learner_wait_s_k{k}": wait, f"staleness_mean_k{k}": staleness})
-    for k in STALENESS[1:]:
-        result[f"speedup_k{k}"] = result[f"env_steps_per_s_k{k}"] / result["env_steps_per_s_k0"]
+        result.update({f"env_steps_per_s_k{k}{suffix}": rate, f"learner_wait_s_k{k}{suffix}": wait,
+                       f"staleness_mean_k{k}{suffix}": staleness})
+        if k:
+            result[f"speedup_k{k}{suffix}"] = rate / result["env_steps_per_s_k0"]
     return result
 
 
@@ -72,10 +81,11 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=6)
     parser.add_argument("--workloads", nargs="+", default=["learner_bound", "rollout_bound"],
                         choices=["learner_bound", "rollout_bound"])
+    parser.add_argument("--process", action="store_true", help="K = 1 and 2 with a producer process as well")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        print(json.dumps({name: measure(name, args.iterations, Path(folder) / name) for name in args.workloads},
-                         indent=1))
+        print(json.dumps({name: measure(name, args.iterations, args.process, Path(folder) / name)
+                          for name in args.workloads}, indent=1))
 
 
 if __name__ == "__main__":

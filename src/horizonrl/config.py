@@ -242,6 +242,15 @@ class AsyncTrainingConfig(Section):
 
     max_staleness: int = Field(0, ge=0, description="K: weight versions a trained turn may lag the policy being "
                                                     "updated; 0: synchronous (rollout, then update)")
+    producer: Literal["thread", "process"] = Field(
+        "thread", description="where the producer runs with the hf engine: a thread of the learner's process, or a "
+                              "process of its own with its own copy of the policy (train/producer_process.py); the "
+                              "vllm and openai engines generate in a process of their own already")
+
+    @property
+    def in_a_process(self) -> bool:
+        """Whether a producer process plays the rollouts (K >= 1 and `producer: process`)."""
+        return self.max_staleness > 0 and self.producer == "process"
 
 
 class RolloutConfig(Section):
@@ -276,6 +285,14 @@ class RolloutConfig(Section):
                                       "rollout/logprob_abs_diff would read the nucleus mass as engine/learner "
                                       "mismatch; train with top_p = 1 (lower the temperature to sample less "
                                       "widely)")
+        return self
+
+    @model_validator(mode="after")
+    def _producer_process_plays_the_hf_engine(self) -> RolloutConfig:
+        if self.async_training.producer == "process" and self.engine != "hf":
+            raise InvalidKey("async_training.producer", f"process runs the hf engine in a producer process; the "
+                                                        f"{self.engine} engine already generates in a process of its "
+                                                        "own: use thread")
         return self
 
     @model_validator(mode="after")

@@ -34,7 +34,8 @@ Bytes per GPU (0 for the first seven with dist.cpu_offload: CPU memory):
     logits chunk        min(1024, T) x V x (4 + 4 + 2): one chunk's fp32 log-softmax and exp and its bf16
                         matmul output (learner/chunked_logits.py), + V x H x 2 without mixed precision
                         (the bf16 copy of lm_head it multiplies with)
-    engine weights      rollout.engine=hf: a full bf16 copy of the policy per rank (adapters merged): N x 2
+    engine weights      rollout.engine=hf: a full bf16 copy of the policy per rank (adapters merged): N x 2;
+                        two with a producer process (rollout.async_training.producer: process)
     engine KV cache     hf: (rows x S + rollout.prefix_cache_tokens) x 2 (K, V) x L x kv_heads x head_dim x 2,
                         rows = min(ceil(streams / G), rollout.max_batch_size) sequences decoding at once
     vLLM reservation    rollout.engine=vllm: rollout.vllm.gpu_memory_utilization (None: 0.5) x GPU memory
@@ -406,6 +407,7 @@ def memory_components(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes
     hf_engine = rollout.engine == "hf"
     rows = decode_rows(cfg, gpus)
     utilization = rollout.vllm.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
+    engine_copies = 2 if rollout.async_training.in_a_process else 1    # + the staging copy a producer process reads
     return dict(zip(COMPONENTS, [
         *state(actor), *state(critic), state(reference)[0],
         max(gathered_bytes(n, world, compute) for n in (actor, critic, reference) if n),
@@ -413,7 +415,7 @@ def memory_components(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes
         activation_bytes(arch, lora, tokens, seq_len, checkpointing, mixed_precision),
         autocast_weight_bytes(arch, lora, checkpointing, mixed_precision),
         logits_chunk_bytes(arch, tokens, mixed_precision),
-        parameter_count(policy_network(arch, None)) * BF16 if hf_engine else 0,
+        engine_copies * parameter_count(policy_network(arch, None)) * BF16 if hf_engine else 0,
         (rows * seq_len + rollout.prefix_cache_tokens) * kv_bytes_per_token(arch) if hf_engine else 0,
         int(utilization * gpu_bytes) if rollout.engine == "vllm" else 0,
     ]))

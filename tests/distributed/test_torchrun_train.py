@@ -150,11 +150,14 @@ def test_a_rank_whose_episodes_were_all_dropped_ends_every_rank_with_one_error(t
     assert "[rank0]:" not in done.stderr and "[rank1]:" not in done.stderr   # neither rank's traceback
 
 
-def test_every_rank_runs_its_own_producer(tmp_path, tiny_folder):
-    """rollout.async_training under torchrun: each rank's producer plays its share of the streams ahead of its
-    learner; the ranks' staleness statistics are reduced like the others."""
+@pytest.mark.parametrize("producer", ["thread", "process"])
+def test_every_rank_runs_its_own_producer(tmp_path, tiny_folder, producer):
+    """rollout.async_training under torchrun: each rank's producer (a thread, or a process with its own engine)
+    plays its share of the streams ahead of its learner; the ranks' staleness statistics are reduced like the
+    others."""
     done = train(2, [str(TOY), *SMALL, f"model.path={tiny_folder}", "rollout.async_training.max_staleness=1",
-                     "actor.tis_cap=2.0", "iterations=3", f"output_dir={tmp_path}"])
+                     f"rollout.async_training.producer={producer}", "actor.tis_cap=2.0", "iterations=3",
+                     f"output_dir={tmp_path}"])
     assert done.returncode == 0, done.stderr[-4000:]
     records = read_metrics(run_folder(tmp_path) / "metrics.jsonl")
     assert [r["iteration"] for r in records] == [0, 1, 2, 3]

@@ -21,7 +21,11 @@ from horizonrl.cli import main
 from horizonrl.config import ConfigError, load_config
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
+from horizonrl.learner.scoring import token_logprobs
+from horizonrl.records import Turn
 from horizonrl.train import loop
+from horizonrl.train.checkpoint import StopSignals
+from horizonrl.train.context import start_run
 
 TOY = "configs/toy.yaml"
 SMALL = ["rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
@@ -54,10 +58,11 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("max_staleness", [1, 2])
-def test_no_trained_turn_is_older_than_the_bound_across_a_resume(tmp_path, trained_versions, max_staleness):
-    async_training = f"rollout.async_training.max_staleness={max_staleness}"
-    assert main(["train", TOY, *SMALL, async_training, "iterations=3", f"output_dir={tmp_path}", "--quiet"]) == 0
+@pytest.mark.parametrize("max_staleness, producer", [(1, "thread"), (2, "thread"), (1, "process"), (2, "process")])
+def test_no_trained_turn_is_older_than_the_bound_across_a_resume(tmp_path, trained_versions, max_staleness, producer):
+    async_training = [f"rollout.async_training.max_staleness={max_staleness}",
+                      f"rollout.async_training.producer={producer}"]
+    assert main(["train", TOY, *SMALL, *async_training, "iterations=3", f"output_dir={tmp_path}", "--quiet"]) == 0
     (run,) = tmp_path.iterdir()
     assert main(["train", "--resume", str(run), "iterations=6", "--quiet"]) == 0
     assert sorted(trained_versions) == [1, 2, 3, 4, 5, 6]
@@ -88,10 +93,12 @@ def test_gigpo_trains_asynchronously(tmp_path):
     assert (run / "checkpoint" / "model.safetensors").exists()
 
 
-def test_the_gateways_agents_train_asynchronously(tmp_path):
+@pytest.mark.parametrize("producer", ["thread", "process"])
+def test_the_gateways_agents_train_asynchronously(tmp_path, producer):
     assert main(["train", "configs/arithmetic_openai_agent.yaml", "group.n_tasks=2", "group.group_size=4",
                  "model.warm_start.steps=30", "model.warm_start.iterations=1", "device=cpu", "actor.tis_cap=2.0",
-                 "rollout.async_training.max_staleness=1", "iterations=2", f"output_dir={tmp_path}", "--quiet"]) == 0
+                 "rollout.async_training.max_staleness=1", f"rollout.async_training.producer={producer}",
+                 "iterations=2", f"output_dir={tmp_path}", "--quiet"]) == 0
     (run,) = tmp_path.iterdir()
     records = metrics(run)
     assert [r["env/errors"] == 0 and r["async/staleness_max"] <= 1 for r in records] == [True, True]
@@ -102,6 +109,62 @@ def test_the_gateways_agents_train_asynchronously(tmp_path):
 def test_a_config_that_cannot_train_off_policy_is_refused():
     with pytest.raises(ConfigError, match="set actor.tis_cap"):
         load_config(TOY, ["rollout.async_training.max_staleness=1"])
+    with pytest.raises(ConfigError, match="rollout.async_training.producer.*openai engine already generates"):
+        load_config(TOY, ["rollout.async_training.max_staleness=1", "actor.tis_cap=2.0", "rollout.engine=openai",
+                          "rollout.async_training.producer=process"])
+
+
+@pytest.fixture
+def process_run(tmp_path):
+    """A toy run's context whose producer is a process (K = 1); closed after the test."""
+    cfg = load_config(TOY, [*SMALL, "rollout.async_training.max_staleness=1", "rollout.async_training.producer=process",
+                            f"output_dir={tmp_path}"])
+    with StopSignals() as signals:
+        ctx = start_run(cfg, [], signals, None)
+    yield ctx
+    ctx.collector.close()
+
+
+def learner_logprobs(actor, turn: Turn) -> list[float]:
+    """The actor's log-prob of each of the turn's response tokens (temperature 1, the toy's)."""
+    ids = torch.tensor([turn.prompt_ids + turn.response_ids])
+    sampled = torch.zeros_like(ids)
+    sampled[0, len(turn.prompt_ids):] = 1
+    logp, _ = token_logprobs(actor, ids, torch.ones_like(ids), sampled)
+    return logp[0, len(turn.prompt_ids):].tolist()
+
+
+def test_a_producer_process_samples_from_the_weights_synced_to_it(process_run):
+    """After a sync, turns the producer process samples under the new version have the updated actor's log-probs
+    (to float rounding); the turns it sampled before have the old weights' (the change is large enough to see)."""
+    ctx = process_run
+    old_turns = [t for e in ctx.collector.collect() for t in e.turns]
+    with torch.no_grad():
+        for parameter in ctx.actor.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    ctx.engine.sync_weights(ctx.actor)
+    assert ctx.engine.state_dict() == {"weights_version": 1}
+    new_turns = []
+    while len(new_turns) < 8:          # batch 2 may have started under version 0 (K = 1); batch 3 did not
+        new_turns += [t for e in ctx.collector.collect() for t in e.turns if t.info["weights_version"] == 1]
+    for turn in new_turns:
+        assert learner_logprobs(ctx.actor, turn) == pytest.approx(turn.response_logprobs, abs=1e-4)
+    moved = [max(abs(a - b) for a, b in zip(learner_logprobs(ctx.actor, t), t.response_logprobs)) for t in old_turns]
+    assert max(moved) > 0.1
+
+
+def test_a_producer_process_error_reaches_the_learner(process_run):
+    """An error raised in the producer process is raised in the learner's as itself; a producer process that died
+    is a RuntimeError saying so at the next message, never a hang."""
+    producer = process_run.collector
+    assert len(producer.collect()) == 4
+    with pytest.raises(RuntimeError, match="the producer is running: load the collector's state before"):
+        producer.load_state_dict(producer.state_dict())
+    producer._process.kill()
+    producer._process.join()
+    with pytest.raises(RuntimeError, match=r"the producer process ended \(exit code -9\) while the learner asked it "
+                                           "to collect"):
+        producer.collect()
 
 
 def test_the_hf_engine_takes_new_weights_while_a_request_is_in_flight(river_tiny):

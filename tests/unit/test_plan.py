@@ -259,6 +259,14 @@ def test_vllm_reserves_its_share_and_openai_needs_nothing(tmp_path):
     assert result.components["engine_weights"] == result.components["engine_kv"] == 0
 
 
+def test_a_producer_process_holds_a_second_engine_copy(tmp_path):
+    asynchronous = BABYAI + ["rollout.async_training.max_staleness=1", "actor.tis_cap=1.0"]
+    thread = components(tmp_path, QWEN_3B, asynchronous, gpus=4)
+    process = components(tmp_path, QWEN_3B, asynchronous + ["rollout.async_training.producer=process"], gpus=4)
+    assert thread.components["engine_weights"] == N_3B * 2                  # bf16
+    assert process.components["engine_weights"] == 2 * N_3B * 2             # + the staging copy
+
+
 def test_sequence_length_rules(tmp_path):
     arch = Architecture.from_config(QWEN_3B)
     assert sequence_length(run_config(tmp_path, QWEN_3B, BABYAI), arch)[0] == 1024 + (1024 + 256) + 256

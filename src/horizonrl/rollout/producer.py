@@ -24,10 +24,12 @@ A checkpoint keeps the collector's state right after the last batch the learner 
 state each batch is delivered with); batches collected ahead of the learner are not saved, and a resumed
 run collects them again under its restored weights, so the bound holds across `--resume`.
 
-A thread and not a process (the hf engine runs in this process): the engine's decode steps and the learner's
-passes are torch kernels that release the GIL; the two threads contend for the Python between them. Measured on
-the default job (benchmarks/producer_placement.py, BENCHMARKS.md): beside a producer thread the learner runs
-0.97-0.98 as fast as beside a producer process, the producer thread 0.83-0.85 as fast as a process would.
+A thread of the learner's process (the hf engine runs in this process): the engine's decode steps and the
+learner's passes are torch kernels that release the GIL; the two threads contend for the Python between them.
+Measured on the default job (benchmarks/producer_placement.py, BENCHMARKS.md): beside a producer thread the
+learner runs 0.97-0.98 as fast as beside a producer process, the producer thread 0.83-0.85 as fast as a process
+would. `rollout.async_training.producer: process` runs this same Producer in a process of its own, with its own
+engine and envs (train/producer_process.py).
 """
 
 from __future__ import annotations
@@ -42,6 +44,29 @@ from dataclasses import dataclass
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.records import Episode
 from horizonrl.rollout.collector import Collector
+
+
+@dataclass
+class TakenBatch:
+    """What `async_metrics` reads of the last batch the learner took: the staleness of each of its turns (versions
+    between the one that sampled it and the policy it trains), how long the producer waited at the gate before
+    starting it, and how long the learner waited for it."""
+
+    staleness: list[int]
+    gated_s: float
+    waited_s: float
+
+
+def async_metrics(taken: TakenBatch, in_flight_at_sync: int, ranks: Ranks = LOCAL) -> dict[str, float]:
+    """async/* of a batch taken, over every rank's: its turns' staleness (mean, max), the producer's and the
+    learner's waits (each a mean over the ranks) and the engine's requests in flight at its last weight update
+    (summed)."""
+    total, turns, gated, waited, in_flight = ranks.sum([sum(taken.staleness), len(taken.staleness), taken.gated_s,
+                                                        taken.waited_s, in_flight_at_sync])
+    return {"async/staleness_mean": total / max(turns, 1),
+            "async/staleness_max": ranks.max(max(taken.staleness, default=0)),
+            "async/producer_wait_s": gated / ranks.world_size, "async/learner_wait_s": waited / ranks.world_size,
+            "async/turns_in_flight_at_sync": int(in_flight)}
 
 
 @dataclass
@@ -80,7 +105,7 @@ class Producer:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._state: dict | None = None         # the collector's, after the last batch taken (None: its own)
-        self._taken: tuple[list[int], float, float] | None = None   # staleness per turn, waits of the last batch
+        self.taken: TakenBatch | None = None     # the last batch the learner took
 
     def collect(self) -> list[Episode]:
         """The next batch (collected ahead, or waited for). RuntimeError if one of its turns is more than
@@ -104,21 +129,12 @@ class Producer:
             raise RuntimeError(f"a batch holds a turn sampled {max(staleness)} weight versions before the policy it "
                                f"trains (version {version}); the bound is {self.max_staleness}")
         self.errors, self.counts, self._state = produced.errors, produced.counts, produced.state
-        self._taken = (staleness, produced.gated_s, time.perf_counter() - asked)
+        self.taken = TakenBatch(staleness, produced.gated_s, time.perf_counter() - asked)
         return produced.episodes
 
     def metrics(self, ranks: Ranks = LOCAL) -> dict[str, float]:
-        """async/* of the last batch taken, over every rank's: the staleness of its turns (versions between the
-        one that sampled a turn and the policy trained on it), how long the producer waited at the gate before
-        starting it and the learner waited for it (each a mean over the ranks), and the engine's requests in
-        flight at the last weight update (summed)."""
-        staleness, gated_s, waited_s = self._taken
-        total, turns, gated, waited, in_flight = ranks.sum([sum(staleness), len(staleness), gated_s, waited_s,
-                                                            self.in_flight_at_sync()])
-        return {"async/staleness_mean": total / max(turns, 1),
-                "async/staleness_max": ranks.max(max(staleness, default=0)),
-                "async/producer_wait_s": gated / ranks.world_size, "async/learner_wait_s": waited / ranks.world_size,
-                "async/turns_in_flight_at_sync": int(in_flight)}
+        """async/* of the last batch taken, over every rank's (`async_metrics`)."""
+        return async_metrics(self.taken, self.in_flight_at_sync(), ranks)
 
     def _produce(self) -> None:
         """The producer thread: the collector's batches, each once the gate lets it start, until `close`."""

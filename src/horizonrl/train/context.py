@@ -2,7 +2,8 @@
 
     policy (loaded, or tiny + warm start; resuming: the initial one) -> engine (samples from the actor
     itself, or from a whole copy of its own) -> collector (fixed-turn for ppo, episode or task groups
-    for the group algorithms; with rollout.async_training, played ahead by a producer thread) ->
+    for the group algorithms, train/collectors.py; with rollout.async_training, played ahead by a producer
+    thread, or a producer process with its own engine and envs: train/producer_process.py) ->
     critic (ppo) -> reference (a frozen copy; with model.lora, the actor with its adapters disabled,
     after adapters go on actor and critic) -> optimisers (over what trains) -> metrics sinks ->
     checkpointer (restores a resumed run's weights and state)
@@ -39,14 +40,13 @@ from horizonrl.learner.sharded_start import sharded_networks
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
 from horizonrl.report.sinks import MetricsSinks
 from horizonrl.rollout.collector import Collector
-from horizonrl.rollout.episode_groups import EnvEpisodes, load_reward_fn
-from horizonrl.rollout.fixed_turn import FixedTurnCollector
-from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
-from horizonrl.rollout.groups import GroupCollector
+from horizonrl.rollout.from_config import make_agent, make_engine
 from horizonrl.rollout.producer import Producer
 from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
                                         save_checkpoint)
-from horizonrl.train.tasks import build_tiny_for_task, task_collector, task_warm_start
+from horizonrl.train.collectors import make_collector
+from horizonrl.train.producer_process import ProducerProcess
+from horizonrl.train.tasks import build_tiny_for_task, task_warm_start
 from horizonrl.train.warm_start import build_tiny_for_envs, format_warm_start
 
 
@@ -101,26 +101,17 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
             if cfg.rollout.engine == "hf" else actor
     else:
         actor, critic, reference, sampled = local_networks(cfg, policy, device)
-    agent = make_agent(tokenizer, cfg.agent)
-    wrapped = ranks.distributed or cfg.model.lora is not None     # the actor's state dict is no plain model's
-    engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights",
-                         merged_parameters(actor) if wrapped and cfg.rollout.engine != "hf" else None)
-    params = sampling_params(cfg.rollout, tokenizer, actor, agent)
-    if cfg.algorithm == "ppo":
-        streams = ranks.share(cfg.rollout.n_env)
-        collector = FixedTurnCollector(envs, agent, engine, params, cfg.ppo.e_len, cfg.seed, streams.start,
-                                       cfg.rollout.n_env)
-    elif cfg.task is not None:
-        collector = task_collector(cfg, tokenizer, engine, params, actor.config.max_position_embeddings,
-                                   ranks.share(cfg.group.n_tasks))
+    if cfg.rollout.async_training.in_a_process:          # the engine and envs are the producer process's
+        collector = ProducerProcess(cfg, tokenizer, sampled, ranks)
+        engine = collector.engine
     else:
-        episodes = EnvEpisodes(envs, cfg.env.ids, agent, engine, params, cfg.group.max_turns,
-                               load_reward_fn(cfg.group.reward_fn))
-        collector = GroupCollector(episodes, cfg.group.n_tasks, cfg.group.group_size, cfg.seed,
-                                   ranks.share(cfg.group.n_tasks))
-    if cfg.rollout.async_training.max_staleness:    # an hf engine samples from a copy of its own (local_networks)
-        collector = Producer(collector, cfg.rollout.async_training.max_staleness,
-                             lambda: engine.state_dict()["weights_version"], lambda: engine.in_flight_at_sync)
+        wrapped = ranks.distributed or cfg.model.lora is not None     # the actor's state dict is no plain model's
+        engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights",
+                             merged_parameters(actor) if wrapped and cfg.rollout.engine != "hf" else None)
+        collector = make_collector(cfg, tokenizer, engine, sampled, envs, ranks)
+        if cfg.rollout.async_training.max_staleness:   # an hf engine samples from a copy of its own
+            collector = Producer(collector, cfg.rollout.async_training.max_staleness,
+                                 lambda: engine.state_dict()["weights_version"], lambda: engine.in_flight_at_sync)
     critic_opt = critic_loss = None
     actor_opt = torch.optim.AdamW(trainable(actor), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
     actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
@@ -165,7 +156,8 @@ def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device, si
     """(run folder, tokenizer, policy) of a new run: the policy from `model.path`, or a tiny model
     (warm-started as the config says) saved in run_dir/init. Under torchrun rank 0 builds the policy and
     makes the folder, warm-starting on every stream of the run as one process does (so the tiny model
-    does not depend on the world size); the other ranks get (run folder, None, None): their shards come
+    does not depend on the world size; `envs` are those streams, or none when a producer process opens
+    them: then the warm start opens its own); the other ranks get (run folder, None, None): their shards come
     from rank 0's policy (learner/sharded_start.py). A stop signal ends the building of the policy (the
     warm start) within seconds, before the run folder is made (`signals.within`)."""
     if ranks.is_main:
@@ -176,7 +168,7 @@ def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device, si
                 task_warm_start(actor, tokenizer, cfg, signals.check)
             elif warm:
                 every_stream = open_envs(cfg.env.ids, cfg.env.kwargs, cfg.rollout.n_env, cfg.env.workers,
-                                         cfg.env.timeout_s) if ranks.distributed else envs
+                                         cfg.env.timeout_s) if ranks.distributed or not envs else envs
                 try:
                     format_warm_start(actor, make_agent(tokenizer, cfg.agent), every_stream, cfg.model.warm_start,
                                       cfg.seed, signals.check)

@@ -33,7 +33,6 @@ import torch
 from tqdm import tqdm
 
 from horizonrl.config import ConfigError, TrainConfig
-from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import precision
 from horizonrl.learner.distributed import LOCAL, Ranks, start_ranks, stop_ranks
 from horizonrl.learner.lora import merged_parameters
@@ -50,7 +49,9 @@ from horizonrl.train.batch import (PPOBatch, batch_metrics, estimate_advantages,
                                    group_advantages_to_tokens, kept_episodes, played_episodes, prepare, score_batch)
 from horizonrl.train.checkpoint import (StopSignals, TrainingStopped, complete_checkpoints, prepare_resume,
                                         save_checkpoint)
+from horizonrl.train.collectors import run_envs
 from horizonrl.train.context import RunContext, start_run
+from horizonrl.train.producer_process import ProducerProcess
 from horizonrl.train.warmup import critic_warmup
 
 log = logging.getLogger(__name__)
@@ -73,9 +74,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
             check_world_size(cfg, ranks.world_size)
             point = ranks.broadcast(prepare_resume(resume, cfg) if resume is not None and ranks.is_main else None)
             torch.manual_seed(cfg.seed)
-            streams = ranks.share(cfg.rollout.n_env)
-            envs = [] if cfg.task is not None else open_envs(cfg.env.ids, cfg.env.kwargs, len(streams), cfg.env.workers,
-                                                             cfg.env.timeout_s, streams.start)
+            envs = [] if cfg.rollout.async_training.in_a_process else run_envs(cfg, ranks)  # or the producer's
             try:
                 with StopSignals() as signals:
                     ctx = start_run(cfg, envs, signals, point, ranks, device)
@@ -267,7 +266,9 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
               **batch_metrics(batch, ctx.ranks),
               "perf/rollout_tokens_per_s": generated / timings["timing/rollout_s"],
               "perf/train_tokens_per_s": trained / (timings["timing/score_s"] + timings["timing/update_s"]),
-              **timings, **(ctx.collector.metrics(ctx.ranks) if isinstance(ctx.collector, Producer) else {})}
+              **timings}
+    if isinstance(ctx.collector, (Producer, ProducerProcess)):
+        record.update(ctx.collector.metrics(ctx.ranks))
     explain_splits(ctx, record)
     return write_records(ctx, record, batch)
 

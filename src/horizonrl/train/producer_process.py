@@ -1,0 +1,187 @@
+"""The hf engine's producer in a process of its own (rollout.async_training.producer: process).
+
+    learner's process                                  producer process (spawned, one per rank)
+    ProducerProcess.collect()   --- collect --->       Producer.collect(): the batch the producer thread played
+                                <-- its episodes ---   ahead (rollout/producer.py), over its own engine and envs
+    ProcessEngine.sync_weights(actor)
+      actor -> `staging` (shared memory)
+                                --- sync --->          HFEngine.sync_weights(staging): copied into the engine's
+                                <-- its version ---    own module between two decode steps
+    state_dict / load_state_dict / close               the producer's and the engine's
+
+Why a process: the hf engine's decode loop and the learner share a process's GIL when the producer is a
+thread; in a process of its own it has its own (benchmarks/producer_placement.py: a producer thread collects
+0.83-0.85 as fast as a process beside the learner, and the learner runs 0.97-0.98 as fast). The price: a
+second whole copy of the sampled policy (the staging copy the learner writes and the engine's own), a
+process start-up (seconds), and each batch pickled across.
+
+The producer process builds what the learner's process would have (train/collectors.py: the same envs and
+collector, the same engine seed) and plays them under the same gate, so the staleness bound and the resume
+rule are the producer's; the learner's process keeps the engine's version (the checkpoint's) in step with
+it. Messages are one at a time, each answered, in the learner's order: the producer process only reads
+`staging` while it answers a sync, so the learner writes it while nothing reads it. An error of the
+producer process comes back as the exception its message raised there; a producer process that has died
+is a RuntimeError at the next message. It ignores SIGINT (the learner's process stops it) and ends when its
+pipe closes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import time
+from collections.abc import Iterable
+from multiprocessing.connection import Connection
+
+import torch
+import torch.multiprocessing as mp
+from transformers import PreTrainedTokenizerBase
+
+from horizonrl.config import TrainConfig
+from horizonrl.engines.hf import HFEngine
+from horizonrl.learner.device import autocast_dtype, precision
+from horizonrl.learner.distributed import LOCAL, Ranks
+from horizonrl.learner.models import engine_copy
+from horizonrl.records import Episode
+from horizonrl.rollout.from_config import make_engine
+from horizonrl.rollout.producer import Producer, TakenBatch, async_metrics
+from horizonrl.train.collectors import make_collector, run_envs
+
+
+class ProducerProcess:
+    """The learner's side: a Collector (rollout/collector.py) whose batches a producer process plays ahead, at
+    most `max_staleness` versions, from an hf engine over its own copy of `staging`'s weights; `engine` is what
+    the learner syncs and checkpoints in place of that engine (ProcessEngine). `staging` (the policy's whole
+    copy, moved to shared memory) is where each sync's weights go."""
+
+    def __init__(self, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, staging: torch.nn.Module,
+                 ranks: Ranks = LOCAL):
+        context = mp.get_context("spawn")
+        self._pipe, theirs = context.Pipe()
+        self._process = context.Process(
+            target=serve, name="horizonrl-producer",
+            args=(theirs, cfg, tokenizer, staging.share_memory(), dataclasses.replace(ranks, distributed=False),
+                  torch.get_num_threads()))
+        self._process.start()          # not a daemon: its env workers are processes of its own
+        theirs.close()
+        self.engine = ProcessEngine(self, staging)
+        self.errors: list[str] = []
+        self.counts: dict[str, int] = {}
+        self.taken: TakenBatch | None = None
+
+    def ask(self, message: str, *args):
+        """Send `message` to the producer process and return its answer (raise its error)."""
+        try:
+            self._pipe.send((message, args))
+            ok, answer = self._pipe.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self._process.join(timeout=5)
+            raise RuntimeError(f"the producer process ended (exit code {self._process.exitcode}) while the learner "
+                               f"asked it to {message}; its error, if it printed one, is above") from None
+        if not ok:
+            raise answer
+        return answer
+
+    def collect(self) -> list[Episode]:
+        """The next batch the producer process played (or waited for), as Producer.collect."""
+        asked = time.perf_counter()
+        episodes, self.errors, self.counts, taken = self.ask("collect")
+        self.taken = dataclasses.replace(taken, waited_s=time.perf_counter() - asked)
+        return episodes
+
+    def metrics(self, ranks: Ranks = LOCAL) -> dict[str, float]:
+        """async/* of the last batch taken (rollout/producer.async_metrics)."""
+        return async_metrics(self.taken, self.engine.in_flight_at_sync, ranks)
+
+    def state_dict(self) -> dict:
+        return self.ask("state_dict")
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ask("load_state_dict", state)
+
+    def close(self) -> None:
+        """Stop the producer process once its batches in flight have ended (a no-op once it has ended)."""
+        if self._process.is_alive():
+            self.ask("close")
+        self._process.join()
+        self._pipe.close()
+
+
+class ProcessEngine:
+    """What the learner's process holds of the producer process's hf engine: `sync_weights` writes the actor's
+    weights into the shared staging copy and has the engine take them; its version and requests in flight at
+    the last sync as the engine answered. Nothing generates here."""
+
+    def __init__(self, process: ProducerProcess, staging: torch.nn.Module):
+        self._process, self._staging = process, staging
+        self.version = 0
+        self.in_flight_at_sync = 0
+
+    @torch.no_grad()
+    def sync_weights(self, model, tensors: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """As HFEngine.sync_weights, through the staging copy."""
+        own = self._staging.state_dict()
+        for name, tensor in (model.state_dict().items() if tensors is None else tensors):
+            own[name].copy_(tensor)
+        self.version, self.in_flight_at_sync = self._process.ask("sync")
+
+    def state_dict(self) -> dict:
+        return {"weights_version": self.version}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._process.ask("load_engine_state", state)
+        self.version = state["weights_version"]
+
+    def sleep(self) -> None:
+        """Nothing to free: the engine is in the producer process."""
+
+    def close(self) -> None:
+        """Nothing to stop: ProducerProcess.close ends the producer process, engine included."""
+
+
+def serve(pipe: Connection, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, staging: torch.nn.Module,
+          ranks: Ranks, threads: int) -> None:
+    """The producer process: build the rank's envs, an hf engine over a copy of `staging` and the collector,
+    played by a Producer; then answer the learner's messages (the module docstring) until `close` or until the
+    pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(threads)
+    with precision(cfg.precision):
+        device = next(staging.parameters()).device
+        model = engine_copy(staging, autocast_dtype(device) or torch.float32, device)
+        engine: HFEngine = make_engine(model, tokenizer, cfg.rollout, cfg.seed, device)
+        envs = run_envs(cfg, ranks)
+        producer = Producer(make_collector(cfg, tokenizer, engine, model, envs, ranks),
+                            cfg.rollout.async_training.max_staleness, lambda: engine.state_dict()["weights_version"],
+                            lambda: engine.in_flight_at_sync)
+
+        def collect():
+            episodes = producer.collect()
+            return episodes, producer.errors, producer.counts, producer.taken
+
+        def sync():
+            engine.sync_weights(staging)
+            return engine.state_dict()["weights_version"], engine.in_flight_at_sync
+
+        answers = {"collect": collect, "sync": sync, "state_dict": producer.state_dict,
+                   "load_state_dict": producer.load_state_dict, "load_engine_state": engine.load_state_dict,
+                   "close": lambda: None}
+        try:
+            while True:
+                try:
+                    message, args = pipe.recv()
+                except EOFError:       # the learner's process has gone
+                    break
+                try:
+                    pipe.send((True, answers[message](*args)))
+                except Exception as error:     # raised in the learner's process (as itself, if it pickles)
+                    try:
+                        pipe.send((False, error))
+                    except Exception:
+                        pipe.send((False, RuntimeError(f"the producer process: {type(error).__name__}: {error}")))
+                if message == "close":
+                    break
+        finally:
+            producer.close()
+            for env in envs:
+                env.close()
