@@ -12,6 +12,8 @@ have been sampled by weights version i - 1 - K or newer, whatever the engine's c
 import asyncio
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,6 +167,22 @@ def test_a_producer_process_error_reaches_the_learner(process_run):
     with pytest.raises(RuntimeError, match=r"the producer process ended \(exit code -9\) while the learner asked it "
                                            "to collect"):
         producer.collect()
+
+
+def test_a_run_that_fails_before_closing_its_producer_process_still_exits(tmp_path):
+    """A producer process left running by an error (here: a run that exits without closing its collector) ends with
+    the learner's process instead of holding its exit."""
+    overrides = [*SMALL, "rollout.async_training.max_staleness=1", "rollout.async_training.producer=process",
+                 f"output_dir={tmp_path}"]
+    script = (f"from horizonrl.config import load_config\n"
+              f"from horizonrl.train.checkpoint import StopSignals\n"
+              f"from horizonrl.train.context import start_run\n"
+              f"with StopSignals() as signals:\n"
+              f"    ctx = start_run(load_config({TOY!r}, {overrides!r}), [], signals, None)\n"
+              f"ctx.collector.collect()\n"
+              f"raise SystemExit(3)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
 
 
 def test_the_hf_engine_takes_new_weights_while_a_request_is_in_flight(river_tiny):

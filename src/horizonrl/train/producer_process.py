@@ -27,11 +27,13 @@ pipe closes.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import signal
 import time
 from collections.abc import Iterable
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.multiprocessing as mp
@@ -64,6 +66,7 @@ class ProducerProcess:
                   torch.get_num_threads()))
         self._process.start()          # not a daemon: its env workers are processes of its own
         theirs.close()
+        atexit.register(self._end)     # runs before multiprocessing's exit joins the process: see _end
         self.engine = ProcessEngine(self, staging)
         self.errors: list[str] = []
         self.counts: dict[str, int] = {}
@@ -103,8 +106,18 @@ class ProducerProcess:
         """Stop the producer process once its batches in flight have ended (a no-op once it has ended)."""
         if self._process.is_alive():
             self.ask("close")
-        self._process.join()
+        self._end()
+
+    def _end(self, timeout_s: float = 60) -> None:
+        """Close the pipe, so that the producer process ends once its message in hand is answered, and wait for
+        it (terminated after `timeout_s`). At exit, for a run that failed before `close` (a resume whose
+        checkpoint does not load): else the exit would wait on the producer process, which waits on the pipe."""
+        atexit.unregister(self._end)
         self._pipe.close()
+        self._process.join(timeout_s)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join()
 
 
 class ProcessEngine:
@@ -173,15 +186,25 @@ def serve(pipe: Connection, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase
                 except EOFError:       # the learner's process has gone
                     break
                 try:
-                    pipe.send((True, answers[message](*args)))
-                except Exception as error:     # raised in the learner's process (as itself, if it pickles)
-                    try:
-                        pipe.send((False, error))
-                    except Exception:
-                        pipe.send((False, RuntimeError(f"the producer process: {type(error).__name__}: {error}")))
+                    answer = (True, answers[message](*args))
+                except Exception as error:     # raised in the learner's process, as itself if it pickles
+                    answer = (False, error if pickles(error) else
+                              RuntimeError(f"the producer process: {type(error).__name__}: {error}"))
+                try:
+                    pipe.send(answer)
+                except OSError:        # the learner's process has gone
+                    break
                 if message == "close":
                     break
         finally:
             producer.close()
             for env in envs:
                 env.close()
+
+
+def pickles(value) -> bool:
+    try:
+        ForkingPickler.dumps(value)
+    except Exception:
+        return False
+    return True
