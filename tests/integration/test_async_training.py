@@ -12,8 +12,11 @@ have been sampled by weights version i - 1 - K or newer, whatever the engine's c
 import asyncio
 import copy
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -183,6 +186,28 @@ def test_a_run_that_fails_before_closing_its_producer_process_still_exits(tmp_pa
               f"raise SystemExit(3)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 3, done.stderr[-2000:]
+
+
+def test_a_sigterm_to_the_process_group_stops_a_producer_process_run_with_a_checkpoint(tmp_path):
+    """SIGTERM sent to the whole process group (a scheduler's) reaches the producer process too: it ignores it, and
+    the learner's process stops the run at the next iteration boundary with a checkpoint, from which it resumes."""
+    run_dir = tmp_path / "runs"
+    process = subprocess.Popen([sys.executable, "-m", "horizonrl", "train", TOY, *SMALL, "iterations=500", "save_every=0",
+                                "rollout.async_training.max_staleness=1", "rollout.async_training.producer=process",
+                                f"output_dir={run_dir}", "--quiet"], stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(run_dir.glob("*/metrics.jsonl")) or len(metrics(next(run_dir.iterdir()))) < 2:
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr, stderr[-3000:]
+    (run,) = run_dir.iterdir()
+    (saved,) = (run / "checkpoints").iterdir()
+    stopped_at = int(saved.name.removeprefix("iter_"))
+    assert main(["train", "--resume", str(run), f"iterations={stopped_at + 2}", "--quiet"]) == 0
+    assert [r["iteration"] for r in metrics(run)][-2:] == [stopped_at + 1, stopped_at + 2]
 
 
 def test_the_hf_engine_takes_new_weights_while_a_request_is_in_flight(river_tiny):

@@ -21,8 +21,8 @@ rule are the producer's; the learner's process keeps the engine's version (the c
 it. Messages are one at a time, each answered, in the learner's order: the producer process only reads
 `staging` while it answers a sync, so the learner writes it while nothing reads it. An error of the
 producer process comes back as the exception its message raised there; a producer process that has died
-is a RuntimeError at the next message. It ignores SIGINT (the learner's process stops it) and ends when its
-pipe closes.
+is a RuntimeError at the next message. It ignores SIGINT and SIGTERM (the learner's process stops it, as it
+stops the env workers) and ends when its pipe closes.
 """
 
 from __future__ import annotations
@@ -110,13 +110,13 @@ class ProducerProcess:
 
     def _end(self, timeout_s: float = 60) -> None:
         """Close the pipe, so that the producer process ends once its message in hand is answered, and wait for
-        it (terminated after `timeout_s`). At exit, for a run that failed before `close` (a resume whose
+        it (killed after `timeout_s`). At exit, for a run that failed before `close` (a resume whose
         checkpoint does not load): else the exit would wait on the producer process, which waits on the pipe."""
         atexit.unregister(self._end)
         self._pipe.close()
         self._process.join(timeout_s)
         if self._process.is_alive():
-            self._process.terminate()
+            self._process.kill()
             self._process.join()
 
 
@@ -157,7 +157,8 @@ def serve(pipe: Connection, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase
     """The producer process: build the rank's envs, an hf engine over a copy of `staging` and the collector,
     played by a Producer; then answer the learner's messages (the module docstring) until `close` or until the
     pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)      # sent to the whole process group (Ctrl-C, a scheduler):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)     # the learner's process stops the run, and this with it
     torch.set_num_threads(threads)
     with precision(cfg.precision):
         device = next(staging.parameters()).device
