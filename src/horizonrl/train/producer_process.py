@@ -136,6 +136,7 @@ class ProcessEngine:
         own = self._staging.state_dict()
         for name, tensor in (model.state_dict().items() if tensors is None else tensors):
             own[name].copy_(tensor)
+        copies_done(self._staging)
         self.version, self.in_flight_at_sync = self._process.ask("sync")
 
     def state_dict(self) -> dict:
@@ -175,6 +176,7 @@ def serve(pipe: Connection, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase
 
         def sync():
             engine.sync_weights(staging)
+            copies_done(staging)
             return engine.state_dict()["weights_version"], engine.in_flight_at_sync
 
         answers = {"collect": collect, "sync": sync, "state_dict": producer.state_dict,
@@ -201,6 +203,14 @@ def serve(pipe: Connection, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase
             producer.close()
             for env in envs:
                 env.close()
+
+
+def copies_done(model: torch.nn.Module) -> None:
+    """Wait for the copies queued on `model`'s GPU (CUDA kernels run asynchronously): the other process reads or
+    writes the staging copy as soon as it is told to. Nothing to wait for on a CPU."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def pickles(value) -> bool:
