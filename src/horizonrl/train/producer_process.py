@@ -13,7 +13,9 @@ Why a process: the hf engine's decode loop and the learner share a process's GIL
 thread; in a process of its own it has its own (benchmarks/producer_placement.py: a producer thread collects
 0.83-0.85 as fast as a process beside the learner, and the learner runs 0.97-0.98 as fast). The price: a
 second whole copy of the sampled policy (the staging copy the learner writes and the engine's own), a
-process start-up (seconds), and each batch pickled across.
+process start-up (seconds), and each batch pickled across. Trained end to end on a 2-core CPU
+(benchmarks/async.py --process) it was no faster than the thread (0.90-1.04x the thread's env steps per second),
+so the thread is the default; the process is for learners whose Python the producer's would slow (a GPU's).
 
 The producer process builds what the learner's process would have (train/collectors.py: the same envs and
 collector, the same engine seed) and plays them under the same gate, so the staleness bound and the resume
