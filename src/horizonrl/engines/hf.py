@@ -154,9 +154,7 @@ class HFEngine:
         with the old ones, goes, and so does the KV of requests in flight once they end (never kept)."""
         with self._weights:
             if model is not self.model:
-                own = self.model.state_dict()
-                for name, tensor in (model.state_dict().items() if tensors is None else tensors):
-                    own[name].copy_(tensor)
+                copy_weights(self.model, model, tensors)
             self._prefixes = []
             with self._lock:
                 self.in_flight_at_sync = len(self._pending) + self._decoding
@@ -367,6 +365,15 @@ class HFEngine:
                 or matches_stop_pattern(self.tokenizer, request.token_ids, request.params.stop_patterns)):
             return "stop"
         return "length" if len(request.token_ids) >= request.params.max_tokens else None
+
+
+@torch.no_grad()
+def copy_weights(into: torch.nn.Module, model, tensors: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+    """Copy `model`'s weights (or the (name, tensor) pairs `tensors`, see Engine.sync_weights) into the tensors of
+    `into`'s state dict of the same names, in place."""
+    own = into.state_dict()
+    for name, tensor in (model.state_dict().items() if tensors is None else tensors):
+        own[name].copy_(tensor)
 
 
 def _settle(finished: list[tuple[_Request, Generation]]) -> None:

@@ -42,7 +42,7 @@ import torch.multiprocessing as mp
 from transformers import PreTrainedTokenizerBase
 
 from horizonrl.config import TrainConfig
-from horizonrl.engines.hf import HFEngine
+from horizonrl.engines.hf import HFEngine, copy_weights
 from horizonrl.learner.device import autocast_dtype, precision
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.models import engine_copy
@@ -132,12 +132,9 @@ class ProcessEngine:
         self.version = 0
         self.in_flight_at_sync = 0
 
-    @torch.no_grad()
     def sync_weights(self, model, tensors: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """As HFEngine.sync_weights, through the staging copy."""
-        own = self._staging.state_dict()
-        for name, tensor in (model.state_dict().items() if tensors is None else tensors):
-            own[name].copy_(tensor)
+        copy_weights(self._staging, model, tensors)
         copies_done(self._staging)
         self.version, self.in_flight_at_sync = self._process.ask("sync")
 
