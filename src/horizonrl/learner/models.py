@@ -11,6 +11,7 @@ from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
 from horizonrl.config import ConfigError
+from horizonrl.engines.hf import copy_weights
 from horizonrl.learner.gguf import PACKAGED_GGUF, gguf_folder, packaged_gguf
 from horizonrl.learner.lora import merged_parameters
 
@@ -133,10 +134,9 @@ def engine_copy(actor: nn.Module, dtype: torch.dtype, device: torch.device) -> n
     engine.generation_config = base.generation_config
     engine.to_empty(device=device)
     engine.tie_weights()                  # to_empty gives each name a tensor of its own
-    own, buffers = engine.state_dict(), dict(base.named_buffers())
+    copy_weights(engine, actor, merged_parameters(actor))
+    buffers = dict(base.named_buffers())
     with torch.no_grad():
-        for name, tensor in merged_parameters(actor):
-            own[name].copy_(tensor)
         for name, buffer in engine.named_buffers():
             buffer.copy_(buffers[name])
     return engine.eval().requires_grad_(False)
