@@ -1,4 +1,5 @@
 import os
+import subprocess
 
 import pytest
 import torch
@@ -27,3 +28,20 @@ def qwen_tokenizer():
     from qwen25_tokenizer import build_qwen_tokenizer
 
     return build_qwen_tokenizer()
+
+
+@pytest.fixture
+def spawn():
+    """subprocess.Popen for a test: a process still running when the test ends (a wait that failed, a
+    `communicate` that timed out) is killed, so that it cannot burn a core through the tests after it."""
+    started: list[subprocess.Popen] = []
+
+    def popen(*args, **kwargs) -> subprocess.Popen:
+        started.append(subprocess.Popen(*args, **kwargs))
+        return started[-1]
+
+    yield popen
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()

@@ -87,11 +87,11 @@ def checkpoints(run: Path) -> list[str]:
     return sorted(p.name for p in (run / "checkpoints").iterdir())
 
 
-def horizonrl(*args: str, script: Path | None = None) -> subprocess.Popen:
-    """`horizonrl train ARGS --quiet`, or `python script ARGS --quiet`."""
+def horizonrl(spawn, *args: str, script: Path | None = None) -> subprocess.Popen:
+    """`horizonrl train ARGS --quiet`, or `python script ARGS --quiet`, started by the `spawn` fixture."""
     command = [sys.executable, str(script)] if script else [sys.executable, "-m", "horizonrl", "train"]
-    return subprocess.Popen([*command, *args, "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return spawn([*command, *args, "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 def wait_for(condition, process: subprocess.Popen, timeout_s: float = 120) -> None:
@@ -123,8 +123,8 @@ def test_resume_after_the_critic_warmup_continues_exactly(tmp_path, straight):
     assert_same_run(run, straight("ppo"))
 
 
-def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, straight):
-    process = horizonrl(TOY, *SMALL, f"iterations={ITERATIONS}", "save_every=0", f"output_dir={tmp_path}")
+def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, straight, spawn):
+    process = horizonrl(spawn, TOY, *SMALL, f"iterations={ITERATIONS}", "save_every=0", f"output_dir={tmp_path}")
     metrics = lambda: next(tmp_path.glob("*/metrics.jsonl"), None)  # noqa: E731
     wait_for(lambda: metrics() is not None and metrics().read_text().endswith("\n"), process)  # the warmup's record
     process.send_signal(signal.SIGTERM)
@@ -137,15 +137,15 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(tmp_path, strai
     assert stopped_at < ITERATIONS and read_metrics(run / "metrics.jsonl")[-1]["iteration"] == stopped_at
     assert (run / "report.html").exists() and not (run / "checkpoint").exists()
 
-    resumed = horizonrl("--resume", str(run))
+    resumed = horizonrl(spawn, "--resume", str(run))
     _, stderr = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, stderr
     assert_same_run(run, straight("ppo"))
 
 
-def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_for_resume(tmp_path, straight):
+def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_for_resume(tmp_path, straight, spawn):
     marker = tmp_path / "stalled"
-    process = horizonrl("3", str(marker), TOY, *SMALL, f"iterations={ITERATIONS}", "save_every=1",
+    process = horizonrl(spawn, "3", str(marker), TOY, *SMALL, f"iterations={ITERATIONS}", "save_every=1",
                         f"output_dir={tmp_path / 'runs'}", script=STALL_SCRIPT)
     wait_for(marker.exists, process)
     process.kill()
@@ -155,7 +155,7 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_for_resume(tmp
     assert json.loads((run / "checkpoints/iter_000002/training_state.json").read_text())["iteration"] == 2
     assert read_metrics(run / "metrics.jsonl")[-1]["iteration"] == 3   # written before its checkpoint
 
-    resumed = horizonrl("--resume", str(run))
+    resumed = horizonrl(spawn, "--resume", str(run))
     _, stderr = resumed.communicate(timeout=120)
     assert resumed.returncode == 0, stderr
     assert checkpoints(run) == [f"iter_{ITERATIONS:06d}"]

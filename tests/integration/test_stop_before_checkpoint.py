@@ -23,12 +23,12 @@ PROMPT_S = 5.0     # the most a stop may take
 
 
 class Run:
-    """`horizonrl train ARGS --quiet` in a subprocess, its stderr read line by line as it comes."""
+    """`horizonrl train ARGS --quiet` in a subprocess (started by the `spawn` fixture), its stderr read line by
+    line as it comes."""
 
-    def __init__(self, *args: str, **env: str):
-        self.process = subprocess.Popen([sys.executable, "-m", "horizonrl", "train", *args, "--quiet"],
-                                        stderr=subprocess.PIPE, text=True,
-                                        env=dict(os.environ, OMP_NUM_THREADS="1", **env))
+    def __init__(self, spawn, *args: str, **env: str):
+        self.process = spawn([sys.executable, "-m", "horizonrl", "train", *args, "--quiet"],
+                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1", **env))
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(self.process.stderr), daemon=True)
         self.reader.start()
@@ -59,8 +59,8 @@ class Run:
     [RECIPE, *SMALL],                                                                       # task_warm_start
     [str(SOURCE_CONFIGS / "toy.yaml"), "model.warm_start.iterations=1", "device=cpu"],      # format_warm_start
 ])
-def test_sigterm_while_the_warm_start_fine_tunes_ends_the_run_within_seconds(tmp_path, recipe):
-    run = Run(*recipe, "model.warm_start.steps=1000000", f"output_dir={tmp_path}")
+def test_sigterm_while_the_warm_start_fine_tunes_ends_the_run_within_seconds(tmp_path, recipe, spawn):
+    run = Run(spawn, *recipe, "model.warm_start.steps=1000000", f"output_dir={tmp_path}")
     run.wait_for(lambda: any("warm start: 1000000 steps on" in line for line in run.lines))
     took, stderr = run.stop(signal.SIGTERM)
     assert run.process.returncode == 128 + signal.SIGTERM, stderr
@@ -70,11 +70,11 @@ def test_sigterm_while_the_warm_start_fine_tunes_ends_the_run_within_seconds(tmp
     assert not list(tmp_path.iterdir())                          # no run folder
 
 
-def test_sigint_while_the_teacher_plays_ends_the_run_within_seconds(tmp_path):
+def test_sigint_while_the_teacher_plays_ends_the_run_within_seconds(tmp_path, spawn):
     """The teacher's tasks are played a batch at a time: the stop comes before the next batch. (The tiny
     tokenizer's corpus alone takes 32 batches of this slow agent's.)"""
     marker = tmp_path / "agent called"
-    run = Run(RECIPE, *SMALL, "task.agent=tests/integration/misbehaving_agents.py:slow",
+    run = Run(spawn, RECIPE, *SMALL, "task.agent=tests/integration/misbehaving_agents.py:slow",
               f"output_dir={tmp_path / 'runs'}", MARKER=str(marker))
     run.wait_for(marker.exists)
     took, stderr = run.stop(signal.SIGINT)
