@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 
 import pytest
@@ -33,7 +34,8 @@ def qwen_tokenizer():
 @pytest.fixture
 def spawn():
     """subprocess.Popen for a test: a process still running when the test ends (a wait that failed, a
-    `communicate` that timed out) is killed, so that it cannot burn a core through the tests after it."""
+    `communicate` that timed out) is killed, with its whole process group when it leads one
+    (`start_new_session=True`: its workers too), so that it cannot burn a core through the tests after it."""
     started: list[subprocess.Popen] = []
 
     def popen(*args, **kwargs) -> subprocess.Popen:
@@ -43,5 +45,8 @@ def spawn():
     yield popen
     for process in started:
         if process.poll() is None:
-            process.kill()
+            if os.getpgid(process.pid) == process.pid:
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.kill()
             process.communicate()

@@ -77,25 +77,21 @@ def test_resume_at_another_world_size_continues(saved, resumed, tmp_path, tiny_f
     assert all(abs(r["train/actor/loss"]) < 10 for r in records[1:])
 
 
-def test_a_killed_rank_ends_the_job_and_leaves_the_last_checkpoint(tmp_path, tiny_folder):
+def test_a_killed_rank_ends_the_job_and_leaves_the_last_checkpoint(tmp_path, tiny_folder, spawn):
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone", "-m",
                "horizonrl", "train", str(TOY), *SMALL, f"model.path={tiny_folder}", "iterations=50",
                "dist.timeout_s=60", f"output_dir={tmp_path}", "--quiet"]
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not list(tmp_path.glob("*/checkpoints/iter_000002")):
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.5)
-        workers = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
-        (rank1,) = [int(pid) for pid in workers if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
-        os.kill(rank1, signal.SIGKILL)
-        killed = time.monotonic()
-        _, stderr = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+    job = spawn(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not list(tmp_path.glob("*/checkpoints/iter_000002")):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.5)
+    workers = subprocess.run(["pgrep", "-P", str(job.pid)], capture_output=True, text=True).stdout.split()
+    (rank1,) = [int(pid) for pid in workers if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")]
+    os.kill(rank1, signal.SIGKILL)
+    killed = time.monotonic()
+    _, stderr = job.communicate(timeout=120)
     assert job.returncode != 0
     assert time.monotonic() - killed < 60 + 10                         # within the process group timeout
     assert "rank      : 1" in stderr and "SIGKILL" in stderr, stderr[-3000:]

@@ -188,24 +188,21 @@ def test_a_run_that_fails_before_closing_its_producer_process_still_exits(tmp_pa
     assert done.returncode == 3, done.stderr[-2000:]
 
 
-def test_a_sigterm_to_the_process_group_stops_a_producer_process_run_with_a_checkpoint(tmp_path):
+def test_a_sigterm_to_the_process_group_stops_a_producer_process_run_with_a_checkpoint(tmp_path, spawn):
     """SIGTERM sent to the whole process group (a scheduler's) reaches the producer process too: it ignores it, and
-    the learner's process stops the run at the next iteration boundary with a checkpoint, from which it resumes."""
+    the learner's process stops the run at the next iteration boundary with a checkpoint, from which it resumes.
+    (`spawn` kills the group when a wait fails: a 500-iteration run must not be left behind.)"""
     run_dir = tmp_path / "runs"
-    process = subprocess.Popen([sys.executable, "-m", "horizonrl", "train", TOY, *SMALL, "iterations=500", "save_every=0",
-                                "rollout.async_training.max_staleness=1", "rollout.async_training.producer=process",
-                                f"output_dir={run_dir}", "--quiet"], stderr=subprocess.PIPE, text=True,
-                               env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not list(run_dir.glob("*/metrics.jsonl")) or len(metrics(next(run_dir.iterdir()))) < 2:
-            assert process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
-        os.killpg(process.pid, signal.SIGTERM)
-        _, stderr = process.communicate(timeout=120)
-    finally:   # a failed wait must not leave a 500-iteration run behind
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
+    process = spawn([sys.executable, "-m", "horizonrl", "train", TOY, *SMALL, "iterations=500", "save_every=0",
+                     "rollout.async_training.max_staleness=1", "rollout.async_training.producer=process",
+                     f"output_dir={run_dir}", "--quiet"], stderr=subprocess.PIPE, text=True,
+                    env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list(run_dir.glob("*/metrics.jsonl")) or len(metrics(next(run_dir.iterdir()))) < 2:
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM and "Traceback" not in stderr, stderr[-3000:]
     (run,) = run_dir.iterdir()
     (saved,) = (run / "checkpoints").iterdir()
