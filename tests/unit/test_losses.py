@@ -80,6 +80,37 @@ def test_ppo_policy_loss_gradients():
                                rtol=1e-6, atol=1e-6)
 
 
+def test_ppo_policy_loss_bounds_the_log_ratio_so_far_moved_tokens_give_finite_losses_and_gradients():
+    """Issue 39: logp = -5, logp_old = -100 (log rho = 95; float32 exp overflows past ~88.7) with dual clip 3
+    gave a finite loss (the dual clip's 3 at A = -1) but a NaN gradient (inf * 0), and at A = 0 both NaN. With
+    log rho clamped to [-20, 20] (verl's bound), by hand, clip_low 0.2, clip_high 0.28:
+      log rho = 95:   A = -1   max(e^20, 1.28) = e^20, then min(e^20, 3) = 3       (dual clip)
+                      A = 0    0                                                   (both terms 0)
+                      A = 0.5  max(-0.5 e^20, -0.5 * 1.28) = -0.64                 (clip)
+      log rho = -95:  A = -1   max(e^-20, 0.8) = 0.8                               (clip)
+                      A = 0.5  max(-0.5 e^-20, -0.5 * 0.8) = -0.5 e^-20 ~ -1e-9    (unclipped)
+    and the gradient of every token is 0: a clip or the dual clip holds the loss, or rho is at its bound."""
+    logp = torch.tensor([-5.0, -5.0, -5.0, -100.0, -100.0], requires_grad=True)
+    logp_old = torch.tensor([-100.0, -100.0, -100.0, -5.0, -5.0])
+    adv = torch.tensor([-1.0, 0.0, 0.5, -1.0, 0.5])
+    loss, clipped = ppo_policy_loss(logp, logp_old, adv, clip_low=0.2, clip_high=0.28, dual_clip=3.0)
+    close(loss, [3.0, 0.0, -0.64, 0.8, -0.5 * math.exp(-20)])
+    close(clipped, [0.0, 0.0, 1.0, 1.0, 0.0])
+    loss.sum().backward()
+    assert torch.isfinite(logp.grad).all()
+    close(logp.grad, [0.0] * 5)
+
+
+def test_ppo_policy_loss_without_dual_clip_holds_a_far_moved_negative_advantage_token_at_the_bound():
+    """No dual clip, A = -1, log rho = 95: max(e^20, 1.28) = e^20 (the bound's), finite, with no gradient."""
+    logp = torch.tensor([-5.0], dtype=torch.float64, requires_grad=True)
+    logp_old, adv = torch.tensor([-100.0], dtype=torch.float64), torch.tensor([-1.0], dtype=torch.float64)
+    loss, _ = ppo_policy_loss(logp, logp_old, adv, clip_low=0.2, clip_high=0.28, dual_clip=None)
+    assert loss.item() == pytest.approx(math.exp(20), rel=1e-12)
+    loss.sum().backward()
+    assert logp.grad.item() == 0.0
+
+
 # ---------------------------------------------------------------------------------------------
 # value_loss
 # ---------------------------------------------------------------------------------------------
@@ -203,6 +234,12 @@ def test_approx_kl_by_hand():
     torch.testing.assert_close(approx_kl(logp, logp_old), torch.tensor(expected, dtype=torch.float64),
                                rtol=1e-6, atol=1e-6)
     assert torch.all(approx_kl(logp, logp_old) >= 0)
+
+
+def test_approx_kl_bounds_the_log_ratio():
+    """log rho = 95 (float32: exp overflows to inf) is clamped to 20: k3 = (e^20 - 1) - 20, finite."""
+    out = approx_kl(torch.tensor([-5.0]), torch.tensor([-100.0]))
+    torch.testing.assert_close(out, torch.tensor([math.exp(20) - 21]), rtol=1e-6, atol=0.0)
 
 
 def sampled_row(river_tiny, n_sampled: int) -> dict:

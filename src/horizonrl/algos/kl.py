@@ -4,7 +4,12 @@ With d = logp - logp_ref evaluated at tokens sampled from the policy (Schulman's
 KL(pi || pi_ref)):
     k1 = d                        unbiased, can be negative
     k2 = d^2 / 2                  biased, low variance
-    k3 = exp(-d) - 1 + d          unbiased, always >= 0
+    k3 = exp(-d) - 1 + d          unbiased, always >= 0; d clamped to [-20, 20] first (see below)
+
+Every log-ratio that is exponentiated (k3 here, PPO's rho in losses.py) is first clamped to
+[-LOG_RATIO_BOUND, LOG_RATIO_BOUND] = [-20, 20], verl's bound: exp(20) ~ 4.9e8 is finite, where exp in
+float32 or bfloat16 overflows to inf past ~88.7 (an inf k3 makes the loss inf and its gradient NaN). Beyond
+the bound the estimate is the bound's (k3(-20) = e^20 - 21, k3(20) = e^-20 + 19) and its gradient 0.
 """
 
 from __future__ import annotations
@@ -15,6 +20,12 @@ import torch
 from torch import Tensor
 
 KLEstimator = Literal["k1", "k2", "k3"]
+LOG_RATIO_BOUND = 20.0
+
+
+def bounded_log_ratio(logp: Tensor, logp_other: Tensor) -> Tensor:
+    """clamp(logp - logp_other, -LOG_RATIO_BOUND, LOG_RATIO_BOUND): a log-ratio safe to exponentiate."""
+    return (logp - logp_other).clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 def kl_estimate(logp: Tensor, logp_ref: Tensor, estimator: KLEstimator = "k1") -> Tensor:
@@ -25,6 +36,7 @@ def kl_estimate(logp: Tensor, logp_ref: Tensor, estimator: KLEstimator = "k1") -
     if estimator == "k2":
         return 0.5 * d * d
     if estimator == "k3":
+        d = bounded_log_ratio(logp, logp_ref)
         return torch.expm1(-d) + d
     raise ValueError(f"unknown KL estimator {estimator!r}; expected k1, k2 or k3")
 

@@ -13,6 +13,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from horizonrl.algos.kl import bounded_log_ratio, kl_estimate
+
 LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 
 
@@ -44,13 +46,19 @@ def ppo_policy_loss(logp: Tensor, logp_old: Tensor, adv: Tensor, clip_low: float
                     clip_high: float = 0.2, dual_clip: float | None = 3.0) -> tuple[Tensor, Tensor]:
     """Per-token clipped surrogate loss with optional dual clip.
 
-        rho  = exp(logp - logp_old)
+        rho  = exp(clamp(logp - logp_old, -20, 20))
         L    = max(-A * rho, -A * clip(rho, 1 - clip_low, 1 + clip_high))
         L    = min(L, -A * dual_clip)          where A < 0 (dual clip, dual_clip > 1)
 
+    The log-ratio bound (verl's; `bounded_log_ratio`, algos/kl.py) keeps rho finite, so loss and gradient
+    stay finite where the policy moved far from pi_old (unbounded, exp overflows past log rho ~ 88.7 and
+    inf * 0 makes the gradient NaN, even at A = 0). Beyond it rho has no gradient: above +20 the clip
+    (A > 0) or the dual clip (A < 0) holds the loss anyway (without a dual clip, a token with A < 0 there
+    contributes -A * e^20); below -20 the gradient lost is under |A| * e^-20 ~ 2e-9 |A|.
+
     Returns (loss, clipped) per token; `clipped` is 1.0 where the clipped term was the larger one.
     """
-    ratio = torch.exp(logp - logp_old)
+    ratio = torch.exp(bounded_log_ratio(logp, logp_old))
     unclipped = -adv * ratio
     clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(unclipped, clipped)
@@ -66,15 +74,16 @@ def tis_weights(logp_old: Tensor, logp_engine: Tensor, cap: float, mode: str = "
         mask       w = rho where rho <= cap, else 0 (the token leaves the policy gradient; AReaL's filter)
 
     logp_old: the learner's log-prob before the update; logp_engine: the engine's, as sampled. Data,
-    not a function of the parameters: no gradient flows through w."""
+    not a function of the parameters: no gradient flows through w. So rho needs no log-ratio bound: one
+    that overflows to inf is truncated to cap or masked to 0, and exp(-large) is 0."""
     rho = torch.exp(logp_old - logp_engine)
     return (rho.clamp(max=cap) if mode == "truncate" else torch.where(rho <= cap, rho, 0.0)).detach()
 
 
 def approx_kl(logp: Tensor, logp_old: Tensor) -> Tensor:
-    """Per-token k3 estimate of KL(pi_old || pi): (rho - 1) - log rho, rho = exp(logp - logp_old)."""
-    log_ratio = logp - logp_old
-    return torch.expm1(log_ratio) - log_ratio
+    """Per-token k3 estimate of KL(pi_old || pi): (rho - 1) - log rho, rho = exp(logp - logp_old), that is
+    kl_estimate(logp_old, logp, "k3"), with its log-ratio bound."""
+    return kl_estimate(logp_old, logp, "k3")
 
 
 def value_loss(values: Tensor, values_old: Tensor, returns: Tensor, clip: float | None = 0.5) -> tuple[Tensor, Tensor]:
