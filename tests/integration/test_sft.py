@@ -8,7 +8,7 @@ import torch
 
 from horizonrl.agents.agent import Agent
 from horizonrl.cli import main
-from horizonrl.config import TinyModel
+from horizonrl.config import SOURCE_CONFIGS, TinyModel
 from horizonrl.envs.babyai import BabyAIEnv
 from horizonrl.learner.models import pad_token_id
 from horizonrl.learner.sft import supervised_finetune
@@ -156,6 +156,33 @@ def test_sft_on_several_env_ids_demonstrates_each(tmp_path):
     demonstrations = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert demonstrations["env/episodes"] == 6
     assert demonstrations["env/babyai/goto/success_rate"] == demonstrations["env/babyai/pickup/success_rate"] == 1.0
+
+
+def test_sft_on_an_env_without_an_expert_is_one_config_error_naming_env_id(tmp_path, capsys):
+    """The toy recipe's env, river, has no expert: zero demonstrations. Before, a ValueError traceback."""
+    args = ["sft", str(SOURCE_CONFIGS / "toy.yaml"), "sft.episodes=2", "sft.steps=2", f"output_dir={tmp_path}"]
+    assert main(args) == 2
+    error = capsys.readouterr().err
+    assert ("horizonrl: config error:\nenv.id: river has no expert to demonstrate it (no expert_action()); "
+            "demonstrations exist for the babyai/* and babaisai/* envs\n") in error and "Traceback" not in error
+    assert not any(tmp_path.iterdir())
+
+
+def test_sft_whose_expert_episodes_all_fail_is_one_error_naming_env_id_and_the_cause(tmp_path, capsys, monkeypatch):
+    """Every env step fails, so each of the 2 expert episodes ends before its first turn: zero demonstrations.
+    Before, supervised_finetune's ValueError ("no rows to learn from") ended the command in a traceback; now
+    the CLI's RolloutsFailed path (exit 1) names env.id, sft.episodes and the env's error."""
+    def broken_step(self, action):
+        raise RuntimeError("the grid fell over")
+
+    monkeypatch.setattr(BabyAIEnv, "step", broken_step)
+    args = ["sft", "env.id=babyai/goto", "env.kwargs={}", "sft.episodes=2", "sft.steps=2", f"output_dir={tmp_path}"]
+    assert main(args) == 1
+    error = capsys.readouterr().err
+    assert ("\nhorizonrl: every expert episode of env.id babyai/goto (sft.episodes=2 each) failed (2 of 2), so sft "
+            "has no demonstration to learn from; nothing was saved; the failures, most common first:\n") in error
+    assert "raised RuntimeError: the grid fell over" in error and "Traceback" not in error
+    assert not any(tmp_path.iterdir())
 
 
 def test_sft_on_no_rows_is_one_clear_error_and_a_check_can_stop_it_between_steps(goto_tiny):

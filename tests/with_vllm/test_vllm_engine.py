@@ -133,8 +133,9 @@ def test_stop_pattern_ends_the_response_at_the_first_matching_token(engine, tiny
 
 
 def test_a_prompt_vllm_refuses_fails_alone_and_is_not_retried(engine, tiny):
-    """A prompt over max_model_len, arriving between two good ones: it alone fails, at once (no retry),
-    naming its length and the limit; the good ones sample what they sample without it."""
+    """A prompt over max_model_len, and one of exactly max_model_len tokens (no room for a response token:
+    vLLM refuses it too), arriving between two good ones: they alone fail, at once (no retry), naming their
+    length and the limit; the good ones sample what they sample without them."""
     tokenizer, model = tiny
     good = prompts_of(tokenizer, 2)
     limit = model.config.max_position_embeddings        # the engine's max_model_len (none given)
@@ -142,12 +143,15 @@ def test_a_prompt_vllm_refuses_fails_alone_and_is_not_retried(engine, tiny):
     params = SamplingParams(max_tokens=6, seed=4)
 
     async def mixed():
-        calls = [generate_with_retry(engine, p, params, backoff_s=(0.1,)) for p in (good[0], too_long, good[1])]
+        calls = [generate_with_retry(engine, p, params, backoff_s=(0.1,))
+                 for p in (good[0], too_long, too_long[:limit], good[1])]
         return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 60)
 
-    first, refused, second = asyncio.run(mixed())
-    assert type(refused) is ValueError, refused
-    assert f"{limit + 10}-token prompt" in str(refused) and f"max_model_len is {limit}" in str(refused)
+    first, refused, exactly_full, second = asyncio.run(mixed())
+    for error, length in ((refused, limit + 10), (exactly_full, limit)):
+        assert type(error) is ValueError, error
+        assert f"{length}-token prompt (max_model_len is {limit}" in str(error)
+        assert "rollout.vllm.max_model_len" in str(error)
     alone = generate_all(engine, good, params)
     assert [first[0].token_ids, second[0].token_ids] == [g.token_ids for g in alone]
     assert first[1] == second[1] == 0          # no retry: nothing failed but the refused request

@@ -23,7 +23,7 @@ can serve `eval` but not `train`: the engine refuses it at start. One without th
 2025-11 there was none) trains synchronously only, where no request runs at a sync: it reloads and resets its
 prefix cache without a pause. Asynchronous training (`updates_in_flight`) refuses such a server at start.
 A response that ended otherwise than by a stop or its length (vLLM's "abort") is not a whole response: a
-RuntimeError, retried.
+RuntimeError, retried (`finish_reason`, engines/vllm_engine.py, as for the in-process vLLM engine).
 
 Failures: a refused or dropped connection, a timeout or a 5xx answer is an OSError / RuntimeError,
 which `generate_with_retry` retries with back-off and then stops the run with an EngineError; every
@@ -40,6 +40,7 @@ import httpx
 
 from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, cut_at_stop_pattern
 from horizonrl.engines.retry import EngineError
+from horizonrl.engines.vllm_engine import finish_reason
 from horizonrl.engines.weights import write_untied
 
 
@@ -141,10 +142,7 @@ class OpenAIServerEngine:
         if response.status_code >= 400:
             raise ValueError(f"{url} answered {response.status_code}: {response.text[:300]}")
         choice = response.json()["choices"][0]
-        if choice["finish_reason"] not in ("stop", "length"):
-            raise RuntimeError(f"{url}: a response ended by {choice['finish_reason']!r}, not by a stop or its length: "
-                               "it is not whole")
-        reason = choice["finish_reason"]
+        reason = finish_reason(choice["finish_reason"], url)
         generation = Generation(list(choice["token_ids"]), list(choice["logprobs"]["token_logprobs"]), reason, version)
         return cut_at_stop_pattern(generation, self.tokenizer, params.stop_patterns)
 

@@ -24,7 +24,8 @@ of the masked, renormalised distribution, as HFEngine's (engines/constrained.py;
 xgrammar backend lets a special token spell its text inside a JSON string). Each request carries a seed
 from `RequestSeeds`, so the same requests sample the same tokens alone or batched, in any order of arrival.
 Stop ids end a response (kept in it, EOS only when it is a stop id); stop patterns are checked once the
-response ends (`cut_at_stop_pattern`).
+response ends (`cut_at_stop_pattern`). A response vLLM ended otherwise than by a stop or its length ("abort",
+"error") is not whole: its request fails with a RuntimeError (`finish_reason`, shared with the openai engine).
 
 vLLM starts its engine core in a spawned process: a script that builds this engine at import time
 needs the `if __name__ == "__main__":` guard.
@@ -181,7 +182,11 @@ class VLLMEngine:
                 if output.finished:
                     with self._lock:
                         future, version = running.pop(output.request_id)
-                    settle(future, _generation(output, version))
+                    try:
+                        outcome = _generation(output, version)
+                    except RuntimeError as error:   # a response that is not whole fails its own request
+                        outcome = error
+                    settle(future, outcome)
 
     def sync_weights(self, model, tensors=None) -> None:
         """Sample from `model`'s weights from now on: every tensor of its state dict (tied ones under
@@ -235,27 +240,44 @@ def add_requests(engine, arrived: list[tuple[str, list[int], object, asyncio.Fut
                  running: dict[str, tuple[asyncio.Future, int]], refusal: type[Exception]) -> None:
     """Add the `arrived` requests (id, prompt ids, vLLM sampling parameters, future, weights version) to
     vLLM's `engine` and to `running`. A request the engine refuses for its own sake (`refusal`: vLLM's
-    VLLMClientError, e.g. a prompt longer than max_model_len) is settled alone, with a ValueError naming
-    its prompt length and the engine's max_model_len (not retried: sent again, it fails again), and the
-    others go on. Any other error is the engine's: it propagates with every arrival already in `running`,
-    so that none of them is left unsettled."""
+    VLLMClientError) is settled alone with a ValueError (not retried: sent again, it fails again), and the
+    others go on: `refusal_message` says why. Any other error is the engine's: it propagates with every
+    arrival already in `running`, so that none of them is left unsettled."""
     running.update((request_id, (future, version)) for request_id, _, _, future, version in arrived)
     for request_id, prompt_ids, sampling, future, _ in arrived:
         try:
             engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, sampling)
         except refusal as error:
             del running[request_id]
-            limit = engine.model_config.max_model_len
-            settle(future, ValueError(
-                f"vLLM refused a request with a {len(prompt_ids)}-token prompt (max_model_len is {limit}): {error}; "
-                "raise rollout.vllm.max_model_len (up to the model's max_position_embeddings) or send shorter "
-                "prompts"))
+            settle(future, ValueError(refusal_message(request_id, len(prompt_ids),
+                                                      engine.model_config.max_model_len, error)))
+
+
+def refusal_message(request_id: str, prompt_len: int, max_model_len: int, error: Exception) -> str:
+    """Why vLLM refused request `request_id`. vLLM samples at least one token, so it refuses a prompt of
+    max_model_len tokens or more (a longer response is only cut at max_model_len, with finish reason
+    "length"): such a prompt is named as too long, with what to change; any other refusal (a grammar it
+    cannot compile, a sampling parameter it does not take) is vLLM's own message."""
+    if prompt_len + 1 > max_model_len:
+        return (f"vLLM refused a request with a {prompt_len}-token prompt (max_model_len is {max_model_len}, and the "
+                f"response needs at least one token): {error}; raise rollout.vllm.max_model_len (up to the model's "
+                "max_position_embeddings) or send shorter prompts")
+    return f"vLLM refused request {request_id} (a {prompt_len}-token prompt, within max_model_len): {error}"
+
+
+def finish_reason(reason: str | None, request: str) -> str:
+    """Our Generation's finish reason for vLLM's (or an OpenAI-compatible server's): "stop" (a stop id) or
+    "length" (max_tokens or max_model_len reached). Any other ("abort", "error") ended a response that is
+    not whole: a RuntimeError naming `request`, which `generate_with_retry` retries."""
+    if reason not in ("stop", "length"):
+        raise RuntimeError(f"{request}: a response ended by {reason!r}, not by a stop or its length: it is not whole")
+    return reason
 
 
 def _generation(output, weights_version: int) -> Generation:
-    """Our Generation from a finished vLLM RequestOutput (one completion)."""
+    """Our Generation from a finished vLLM RequestOutput (one completion); a RuntimeError when it is not whole."""
     completion = output.outputs[0]
+    reason = finish_reason(completion.finish_reason, f"vLLM request {output.request_id}")
     token_ids = list(completion.token_ids)
     logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs, token_ids)]
-    reason = "length" if completion.finish_reason == "length" else "stop"
     return Generation(token_ids, logprobs, reason, weights_version)

@@ -9,6 +9,7 @@ THINK/ACTION format with the expert's reason as THINK, parsed back by the agent 
 from __future__ import annotations
 
 from horizonrl.agents.agent import Agent
+from horizonrl.config import ConfigError
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import ExpertEngine
 from horizonrl.envs.pool import InProcessEnv
@@ -24,8 +25,8 @@ def expert_episodes(agent: Agent, env_id: str, env_kwargs: dict, episodes: int, 
     handle = InProcessEnv(env_id, env_kwargs)
     try:
         if not hasattr(handle.env, "expert_action"):
-            raise ValueError(f"{env_id} has no expert to demonstrate it (no expert_action()); "
-                             "demonstrations exist for the babyai/* and babaisai/* envs")
+            raise ConfigError(f"env.id: {env_id} has no expert to demonstrate it (no expert_action()); "
+                              "demonstrations exist for the babyai/* and babaisai/* envs")
         expert = EnvEpisodes([handle], [env_id], agent, ExpertEngine(agent.tokenizer, handle),
                              SamplingParams(stop_patterns=agent.stop_patterns), max_turns=max_turns)
         collector = GroupCollector(expert, n_tasks=episodes, group_size=1, seed=seed)

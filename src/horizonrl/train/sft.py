@@ -3,6 +3,10 @@
     build the policy (as `train` does)  ->  each env's expert plays `sft.episodes` episodes through the
     agent's exact prompts  ->  cross-entropy on the expert's response tokens only  ->  runs/<name>/checkpoint
 
+No demonstration is one error naming its cause, which the CLI prints without a traceback: an env id with no
+expert (a ConfigError naming env.id), or expert episodes that all failed before their first turn
+(RolloutsFailed, naming the env ids, sft.episodes and the env errors).
+
 The checkpoint loads back as `model.path=runs/<name>-<time>/checkpoint` for `train` and `eval`.
 """
 
@@ -19,6 +23,7 @@ from horizonrl.learner.models import pad_token_id
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.report.metrics import episode_metrics
 from horizonrl.report.sinks import MetricsSinks, check_sinks
+from horizonrl.rollout.failures import raise_if_none_succeeded
 from horizonrl.rollout.from_config import make_agent
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.train.checkpoint import save_checkpoint
@@ -38,6 +43,10 @@ def sft(cfg: TrainConfig) -> Path:
         agent = make_agent(tokenizer, cfg.agent)
         demos = [episode for env_id in cfg.env.ids for episode in
                  expert_episodes(agent, env_id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed)]
+        raise_if_none_succeeded(sum(1 for episode in demos if episode.turns), len(demos),
+                                [episode.metrics["error"] for episode in demos if "error" in episode.metrics],
+                                f"expert episode of env.id {', '.join(cfg.env.ids)} (sft.episodes={cfg.sft.episodes} "
+                                "each)", "sft has no demonstration to learn from; nothing was saved")
         demo_metrics = episode_metrics(demos)
         log.info("%d expert episodes, %d turns, success rate %.3f", len(demos), demo_metrics["env/turns"],
                  demo_metrics["env/success_rate"])
