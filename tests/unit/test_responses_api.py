@@ -104,10 +104,37 @@ def test_output_items_response_and_events():
     assert events[-1]["response"] is response and response_events(cut)[-1]["type"] == "response.incomplete"
 
 
-def test_the_store_keeps_the_last_conversations():
+def conversation(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def test_the_store_keeps_the_last_conversations_of_no_rollout():
     store = ResponseStore(capacity=2)
     for k in range(3):
-        store.keep(f"resp_{k}", [{"role": "user", "content": str(k)}])
-    assert store.conversation("resp_2") == [{"role": "user", "content": "2"}] and store.conversation(None) == []
-    with pytest.raises(RequestError, match="no stored response 'resp_0'"):
+        store.keep(None, f"resp_{k}", conversation(str(k)))
+    assert store.conversation("resp_2") == conversation("2") and store.conversation(None) == []
+    with pytest.raises(RequestError, match="no stored response 'resp_0'.* the plain /v1 routes the last 2") as error:
         store.conversation("resp_0")
+    assert (error.value.param, error.value.code, error.value.status) == (
+        "previous_response_id", "previous_response_not_found", 400)
+
+
+def test_a_rollouts_conversations_are_kept_until_it_is_collected():
+    """Capacity 2, five rollouts live at once: the first one's response outlives the four stored after it and
+    the three responses of no rollout (which evict each other); collected, a rollout's responses are gone."""
+    store = ResponseStore(capacity=2)
+    store.keep("r0", "resp_early", conversation("early"))
+    for k in range(1, 5):
+        store.keep(f"r{k}", f"resp_r{k}", conversation(str(k)))
+    for k in range(3):
+        store.keep(None, f"resp_plain{k}", conversation(str(k)))
+    assert store.conversation("resp_early") == conversation("early")
+    assert [store.conversation(f"resp_r{k}") for k in range(1, 5)] == [conversation(str(k)) for k in range(1, 5)]
+    store.keep("r0", "resp_later", conversation("later"))
+    store.forget("r0")
+    for response_id in ("resp_early", "resp_later"):
+        with pytest.raises(RequestError, match=f"no stored response '{response_id}': this gateway keeps a rollout's "
+                                               "responses until the rollout is collected"):
+            store.conversation(response_id)
+    assert store.conversation("resp_r1") == conversation("1") and store.conversation("resp_plain2") == conversation("2")
+    store.forget("never-stored")                 # a rollout that stored nothing is collected too

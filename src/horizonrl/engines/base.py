@@ -84,7 +84,9 @@ class RequestSeeds:
     """The seed of each request's random stream, from the engine's `seed`, the weights version (how
     many `new_version` calls came before) and the request's `params.seed`; without one, from its
     prompt and how many requests with the same prompt came before it in this version. So what a
-    request samples depends on neither its batch mates nor the order of arrival. Seeds are 63-bit."""
+    request samples depends on neither its batch mates nor the order of arrival. Seeds are 63-bit.
+    Two requests of one version with the same prompt and `params.seed` get the same stream, so they sample
+    the same response (`SeedRepeats` tells them)."""
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -95,7 +97,7 @@ class RequestSeeds:
         if params_seed is not None:
             material = array("q", [self.seed, self.version, params_seed]).tobytes()
         else:
-            prompt = hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
+            prompt = _prompt_digest(prompt_ids)
             material = array("q", [self.seed, self.version, self._seen[prompt]]).tobytes() + prompt
             self._seen[prompt] += 1
         return int.from_bytes(hashlib.blake2b(material, digest_size=8).digest(), "little") >> 1
@@ -104,6 +106,33 @@ class RequestSeeds:
         """The weights changed (to `version`; None: the next one): requests are counted afresh."""
         self.version = self.version + 1 if version is None else version
         self._seen.clear()
+
+
+class SeedRepeats:
+    """Which requests repeat the prompt and `params.seed` of an earlier request sampled at the same weights
+    version: `RequestSeeds` gives them the same random stream, so each samples the earlier one's response
+    again. An engine retry does so on purpose; agents that send one fixed seed make a group's rollouts
+    identical. Only the newest version's requests are kept, as digests: a request sampled at an older version
+    (in flight across a weight update) is not checked, nor one of an engine without weights (version None)."""
+
+    def __init__(self):
+        self.version: int | None = None
+        self._seen: set[tuple[int, bytes]] = set()
+
+    def repeats(self, prompt_ids: list[int], params_seed: int | None, version: int | None) -> bool:
+        """Whether this request, sampled at weights `version`, repeats an earlier one (and note it)."""
+        if params_seed is None or version is None or (self.version is not None and version < self.version):
+            return False
+        if version != self.version:
+            self.version, self._seen = version, set()
+        key = (params_seed, _prompt_digest(prompt_ids))
+        repeated = key in self._seen
+        self._seen.add(key)
+        return repeated
+
+
+def _prompt_digest(prompt_ids: list[int]) -> bytes:
+    return hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
 
 
 def check_grammar(params: SamplingParams) -> None:

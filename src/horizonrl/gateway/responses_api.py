@@ -10,7 +10,8 @@ and recorded Call are exactly a chat call's:
                                           assistant message just before them, is one message: one response)
                  function_call_output  -> the tool message answering its call_id
     previous_response_id               -> that response's conversation (its input and output; not its
-                                          instructions, as OpenAI does) before the input (`ResponseStore`)
+                                          instructions, as OpenAI does) before the input (`ResponseStore`:
+                                          kept until the response's rollout is collected)
     tools [{type: function, name, description, parameters}] -> chat tools {type, function: {...}}
     tool_choice, parallel_tool_calls, max_output_tokens, temperature, top_p, text.format -> their chat twins
     include ["message.output_text.logprobs"] -> logprobs
@@ -27,7 +28,7 @@ a forced call is constrained to the tool's parameters). Any other field is refus
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
+from collections import deque
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -171,25 +172,38 @@ def chat_request(request: ResponsesRequest, conversation: list[dict]) -> ChatReq
 
 
 class ResponseStore:
-    """The conversations of the last `capacity` stored responses (input and output as chat messages), by
-    response id: what a later request's `previous_response_id` continues."""
+    """The conversations of stored responses (input and output as chat messages), by response id: what a later
+    request's `previous_response_id` continues, on any route.
+
+    A rollout's responses are kept until `forget(rollout_id)`, its collection (`Gateway.calls_over`), however many
+    other rollouts store theirs meanwhile: a slow rollout's conversation is never evicted under it. Responses of no
+    rollout (the plain /v1 routes of a serving gateway, which nothing collects), the last `capacity` of them."""
 
     def __init__(self, capacity: int = 4096):
         self.capacity = capacity
-        self._conversations: OrderedDict[str, list[dict]] = OrderedDict()
+        self._conversations: dict[str, list[dict]] = {}
+        self._ids: dict[str | None, deque[str]] = {}   # each rollout's response ids (None: no rollout's), in order
 
-    def keep(self, response_id: str, conversation: list[dict]) -> None:
+    def keep(self, rollout_id: str | None, response_id: str, conversation: list[dict]) -> None:
         self._conversations[response_id] = conversation
-        while len(self._conversations) > self.capacity:
-            self._conversations.popitem(last=False)
+        ids = self._ids.setdefault(rollout_id, deque())
+        ids.append(response_id)
+        if rollout_id is None and len(ids) > self.capacity:
+            del self._conversations[ids.popleft()]
+
+    def forget(self, rollout_id: str) -> None:
+        """The rollout was collected: its responses are no longer kept."""
+        for response_id in self._ids.pop(rollout_id, ()):
+            del self._conversations[response_id]
 
     def conversation(self, response_id: str | None) -> list[dict]:
         """The stored conversation of `response_id` ([] for None), or a RequestError if none is stored."""
         if response_id is None:
             return []
         if response_id not in self._conversations:
-            raise RequestError(f"previous_response_id: no stored response {response_id!r} (responses are kept in "
-                               f"memory, the last {self.capacity}, unless sent with store: false)",
+            raise RequestError(f"previous_response_id: no stored response {response_id!r}: this gateway keeps a "
+                               "rollout's responses until the rollout is collected, of those made on the plain /v1 "
+                               f"routes the last {self.capacity}, and none sent with store: false",
                                param="previous_response_id", code="previous_response_not_found")
         return list(self._conversations[response_id])
 

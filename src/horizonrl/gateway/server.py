@@ -38,7 +38,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from horizonrl.config import RolloutConfig
-from horizonrl.engines.base import Generation, SamplingParams
+from horizonrl.engines.base import Generation, SamplingParams, SeedRepeats
 from horizonrl.gateway.openai_api import (Answer, ChatRequest, CompletionRequest, RequestError, ServedModel,
                                           answer, asked_max_tokens, choice_chunks, choice_dict, choice_params,
                                           error_body, logprobs_of, parse_request, prompt_of, response_header, usage)
@@ -68,7 +68,9 @@ class Gateway:
     requests (all but /health), errors (4xx answers), server_errors (5xx), tool_call_parse_failures
     (responses with a `<tool_call>` block that does not parse; they are returned as plain content) and
     max_tokens_capped (requests for more than `max_tokens_limit` tokens given that many: `cap_max_tokens`,
-    as training does; else they are refused). `constraint_refusal`: see ServedModel."""
+    as training does; else they are refused) and fixed_seed_repeats (rollouts' choices that repeat the prompt
+    and `seed` of one sampled earlier at the same weights, so sample its response again: `SeedRepeats`; the
+    first is logged). `constraint_refusal`: see ServedModel."""
 
     def __init__(self, engine, tokenizer, model_name: str, context_len: int, stop_ids: tuple[int, ...],
                  recorder: Recorder | None = None, api_key: str | None = None, max_tokens_limit: int = 1024,
@@ -80,7 +82,8 @@ class Gateway:
         self.recorder = recorder or Recorder()
         self.api_key = api_key
         self.stats = {"requests": 0, "errors": 0, "server_errors": 0, "tool_call_parse_failures": 0,
-                      "max_tokens_capped": 0}
+                      "max_tokens_capped": 0, "fixed_seed_repeats": 0}
+        self.seed_repeats = SeedRepeats()
         self.responses = ResponseStore()
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._guard])
         for prefix in ("", "/rollouts/{rollout_id}"):
@@ -107,8 +110,10 @@ class Gateway:
 
     async def calls_over(self, rollout_id: str) -> None:
         """Returns once no model call of `rollout_id` is in flight (each ends as it would have, its
-        generation whole). Take the rollout from the recorder first: then no new call is accepted."""
+        generation whole), its stored responses forgotten. Take the rollout from the recorder first: then no
+        new call is accepted."""
         await asyncio.gather(*self._in_flight.get(rollout_id, ()))
+        self.responses.forget(rollout_id)
 
     @contextlib.contextmanager
     def _call(self, rollout_id: str | None):
@@ -212,7 +217,7 @@ class Gateway:
         started = time.time()
         body = parse_request(await request.read(), kind)
         prompt_ids, messages = prompt_of(body, self.model)
-        tasks = [asyncio.ensure_future(self.engine.generate(prompt_ids, params))
+        tasks = [asyncio.ensure_future(self._sample(prompt_ids, params, rollout_id))
                  for params in self._choice_params(body, len(prompt_ids))]
         if body.stream:
             return await self._stream(request, body, prompt_ids, tasks, lambda results: self._record(
@@ -240,20 +245,34 @@ class Gateway:
         chat = chat_request(body, conversation)
         prompt_ids, messages = prompt_of(chat, self.model)
         [params] = self._choice_params(chat, len(prompt_ids))
-        generation = await self.engine.generate(prompt_ids, params)
+        generation = await self._sample(prompt_ids, params, rollout_id)
         reply = self._answer(chat, generation)
         self._record(rollout_id, chat, prompt_ids, messages, [(generation, reply)], started)
         items = output_items(reply.response, logprobs_of(chat, generation, self.model.tokenizer))
         response = response_object(body, self.model.name, int(started), items, reply.finish_reason, prompt_ids,
                                    generation.token_ids)
         if body.store:
-            self.responses.keep(response["id"], conversation + [reply.response])
+            self.responses.keep(rollout_id, response["id"], conversation + [reply.response])
         if not body.stream:
             return web.json_response(response)
         stream = await _event_stream(request)
         for event in response_events(response):
             await _send_event(stream, event, event["type"])
         return stream
+
+    async def _sample(self, prompt_ids: list[int], params: SamplingParams, rollout_id: str | None) -> Generation:
+        """The engine's generation; a rollout's that repeats an earlier one's prompt and fixed seed at its weights
+        is counted (and the first logged). On the plain routes a fixed seed is a client's ask for the same answer."""
+        generation = await self.engine.generate(prompt_ids, params)
+        if rollout_id is not None and self.seed_repeats.repeats(prompt_ids, params.seed, generation.weights_version):
+            self.stats["fixed_seed_repeats"] += 1
+            if self.stats["fixed_seed_repeats"] == 1:
+                logger.warning("gateway: a rollout's request repeated the prompt and fixed seed (seed=%d) of an "
+                               "earlier one at the same weights, so it sampled the same response: agents that send a "
+                               "fixed seed make the rollouts of a group identical and their group advantages zero; "
+                               "drop `seed` from the agent's requests (counted in gateway/fixed_seed_repeats, logged "
+                               "once)", params.seed)
+        return generation
 
     def _choice_params(self, body: ChatRequest | CompletionRequest, prompt_len: int) -> list[SamplingParams]:
         """`choice_params`, counting (and logging the first) max_tokens capped at the server's limit."""
