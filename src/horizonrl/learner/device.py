@@ -6,9 +6,10 @@ with bf16 autocast where it pays.
 - `bf16`: bf16 autocast on any device;
 - `auto`: bf16 autocast on CUDA and on CPUs with AMX-BF16 tiles; fp32 elsewhere. Measured on a
   2-core CPU with avx512_bf16 but no AMX (SmolLM2-135M, forward+backward of 4 x 256 tokens, one thread):
-  fp32 86 tok/s, bf16 autocast 64 tok/s, so avx512_bf16 alone does not make bf16 pay; with AMX the same
-  work ran 85 -> 201 tok/s (REFERENCES.md). `HORIZONRL_CPU_BF16=0|1` overrides the detection (the tests
-  pin it to 0, so that `auto` means fp32 on every CI machine).
+  fp32 86 tok/s, bf16 autocast 64 tok/s, so avx512_bf16 alone does not make bf16 pay
+  (`python benchmarks/precision.py`, BENCHMARKS.md "Precision"). No CPU with AMX has been measured by this
+  repository; `benchmarks/precision.py` is the command that would. `HORIZONRL_CPU_BF16=0|1` overrides the
+  detection (the tests pin it to 0, so that `auto` means fp32 on every CI machine).
 """
 
 from __future__ import annotations
