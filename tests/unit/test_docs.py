@@ -321,6 +321,18 @@ def test_the_docs_have_their_commands():
     assert any(re.fullmatch(r"python -m pytest( -\S+( [0-9a-z]+)?)*", one) for one in readme)
 
 
+def test_readmes_recipe_table_gives_each_recipes_first_line():
+    """README's table of recipes lists every configs/*.yaml with the command its first line gives."""
+    rows = re.findall(r"^\| `(configs/[\w.]+\.yaml)` \| `([^`]+)` \|", (ROOT / "README.md").read_text(), re.MULTILINE)
+    listed = dict(rows)
+    recipes = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "configs").glob("*.yaml"))
+    assert sorted(listed) == recipes, "README's recipe table and configs/ differ"
+    for recipe, command in listed.items():
+        first_line = (ROOT / recipe).read_text().splitlines()[0]
+        assert first_line == f"# {command}", f"README.md gives {command!r} for {recipe}, whose first line is {first_line!r}"
+        check(Command(ROOT / "README.md", 0, command))
+
+
 def slug(heading: str) -> str:
     """GitHub's anchor of a Markdown heading."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
