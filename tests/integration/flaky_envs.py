@@ -23,3 +23,17 @@ class FlakyRiver(River):
         if self.steps == 1 and self.seed == self.hang_seed:
             time.sleep(600)
         return super().step(action)
+
+
+class ResetFailsRiver(River):
+    """River whose reset raises from env seed `fail_from` on, below `fail_below` (a run's later training seeds:
+    its first batches and its warm start play)."""
+
+    def __init__(self, fail_from: int, fail_below: int, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_from, self.fail_below = fail_from, fail_below
+
+    def reset(self, seed: int):
+        if self.fail_from <= seed < self.fail_below:
+            raise RuntimeError(f"the simulator refused seed {seed}")
+        return super().reset(seed)

@@ -111,6 +111,31 @@ def test_the_gateways_agents_train_asynchronously(tmp_path, producer):
     assert sum(r["gateway/requests"] for r in records) >= sum(r["env/turns"] for r in records)
 
 
+@pytest.mark.parametrize("algorithm, producer", [("grpo", "thread"), ("grpo", "process"), ("ppo", "thread")])
+def test_a_run_whose_env_resets_fail_ends_naming_the_failure(tmp_path, spawn, algorithm, producer):
+    """The toy (seed 1, training seeds from 1_000_003) with env workers, K = 1, whose env's resets fail from the
+    run's 9th training seed: batch 2 of GRPO (2 tasks a batch, 4 rollouts each at 4 env handles), a stream's 3rd
+    episode of PPO. Its reset fails 3 times in a row, which stops the run: the run ends with that error, while
+    the producer runs ahead or waits at its gate. (The 600 s bound only turns a hang into a failure.)"""
+    fail_from, fail_below = 1_000_003 + 8, 2_000_006
+    script = (f"import sys\n"
+              f"from horizonrl import envs\n"
+              f"from horizonrl.cli import main\n"
+              f"envs.register('reset-fails-river', 'flaky_envs:ResetFailsRiver', fail_from={fail_from}, "
+              f"fail_below={fail_below})\n"
+              f"sys.exit(main(sys.argv[1:]))\n")
+    groups = ["group.n_tasks=2", "group.group_size=4", "group.max_turns=4"] if algorithm == "grpo" else []
+    process = spawn([sys.executable, "-c", script, "train", TOY, *SMALL, f"algorithm={algorithm}", *groups,
+                     "env.id=reset-fails-river", "env.workers=true", "rollout.async_training.max_staleness=1",
+                     f"rollout.async_training.producer={producer}", "iterations=20", f"output_dir={tmp_path}",
+                     "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                    env=dict(os.environ, OMP_NUM_THREADS="1",
+                             PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])))
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode != 0, output[-3000:]
+    assert "reset failed 3 times in a row" in output and "the simulator refused seed" in output, output[-3000:]
+
+
 def test_a_config_that_cannot_train_off_policy_is_refused():
     with pytest.raises(ConfigError, match="set actor.tis_cap"):
         load_config(TOY, ["rollout.async_training.max_staleness=1"])

@@ -115,6 +115,19 @@ def test_the_collectors_failure_reaches_the_learner():
     producer.close()
 
 
+def test_a_batch_played_ahead_is_timed_where_it_was_played():
+    """A batch queued before the learner asks for it took the producer at least its turns' sleeps (3 x 0.02 s) to
+    play: that, not the learner's wait for it, is the batch's rollout time."""
+    collector = VersionedCollector([0], turns=3, turn_s=0.02)
+    producer = producer_over(collector, 1)
+    producer.collect()
+    with producer._changed:
+        producer._changed.wait_for(lambda: producer._ready)     # batch 2 is queued
+    producer.collect()
+    assert producer.taken.played_s >= 0.06
+    producer.close()
+
+
 def test_a_turn_older_than_the_bound_is_refused():
     """The gate cannot let it happen; a collector that hands over old turns anyway (here: the version jumps
     between the batch and the take) is caught when the learner takes the batch."""
@@ -200,21 +213,60 @@ def test_group_batches_overlap_the_slowest_rollouts_of_the_batch_before():
     producer.close()
 
 
-def test_a_rollout_that_raises_reaches_the_learner_at_once():
-    """A player's play raising in batch 2, while the learner waits for it, ends that wait with the error."""
-    version = [0]
-    first = first_training_seed(0)
-    player = StragglerTasks(version, slow_seed=first)
-    play = player.play
+class FailsWhileTheNextBatchRuns:
+    """A group player (one task a batch, one rollout a task) whose batch 2 raises once batch 3 has started, and
+    whose batch 3 runs until `release` is set: the failure must reach the learner while batch 3 runs, and the
+    producer's gate for batch 4 (K = 1: it waits for the learner's 3rd collect, which never comes) must not
+    hold it back."""
 
-    async def raises_in_batch_2(task, k, errors):
-        if task[1] >= first + 2 and k == 1:
+    failures = "rollouts failed"
+
+    def __init__(self):
+        self.first = first_training_seed(0)
+        self.release = threading.Event()
+        self.batch_3_started: asyncio.Event | None = None
+        self.batch_3_ended = False
+
+    def task(self, j: int, seed: int) -> int:
+        return seed - self.first + 1                       # the batch
+
+    async def play(self, batch: int, k: int, errors: list[str]) -> Episode:
+        if self.batch_3_started is None:
+            self.batch_3_started = asyncio.Event()
+        if batch == 2:
+            await self.batch_3_started.wait()
             raise RuntimeError("the env's server went away")
-        return await play(task, k, errors)
+        if batch == 3:
+            self.batch_3_started.set()
+            while not self.release.is_set():
+                await asyncio.sleep(0.01)
+            self.batch_3_ended = True
+        turn = Turn([1], [2], [-0.5], info={"weights_version": 0})
+        return Episode(f"batch{batch}", "task", batch, group_id=f"batch{batch}", turns=[turn], outcome_reward=1.0)
 
-    player.play = raises_in_batch_2
-    producer = Producer(GroupCollector(player, n_tasks=2, group_size=3, seed=0), 1, lambda: version[0], lambda: 0)
-    producer.collect()
-    with pytest.raises(RuntimeError, match="server went away"):
-        producer.collect()
+    def batch(self):
+        return contextlib.nullcontext()
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_rollout_that_raises_reaches_the_learner_while_the_next_batch_runs():
+    """K = 1: batch 2 raises while batch 3 runs (it never ends until the test releases it) and the gate of batch 4
+    waits for a collect that never comes; the learner's wait for batch 2 ends with the error all the same.
+    (The 60 s bound only turns a hang into a failure; the pass is the error's arrival.)"""
+    player = FailsWhileTheNextBatchRuns()
+    producer = Producer(GroupCollector(player, n_tasks=1, group_size=1, seed=0), 1, lambda: 0, lambda: 0)
+    assert producer.collect()[0].episode_id == "batch1"
+    outcome: list[BaseException] = []
+    learner = threading.Thread(target=lambda: outcome.append(pytest.raises(RuntimeError, producer.collect).value))
+    learner.start()
+    learner.join(timeout=60)
+    player.release.set()
+    assert not learner.is_alive(), "the learner still waits for batch 2"
+    assert "server went away" in str(outcome[0]) and not player.batch_3_ended
     producer.close()
+    assert not any(t.name == "horizonrl-producer" for t in threading.enumerate())

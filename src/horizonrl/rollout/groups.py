@@ -95,14 +95,17 @@ class GroupCollector:
         was drawn. On stop, the batches in flight are played to their end (and delivered)."""
         counted = self.player.counters()
 
-        async def delivered_after(before: asyncio.Task | None, rollouts: Awaitable[list[Episode]],
-                                  errors: list[str], state: dict) -> None:
+        async def delivered_after(before: asyncio.Task | None, rollouts: asyncio.Task, errors: list[str],
+                                  state: dict) -> None:
+            """Batch b's delivery: after batch b - 1's, whose failure ends this one's rollouts and is raised at
+            once (not once they end), then after batch b's own rollouts."""
             nonlocal counted
             try:
-                episodes = await rollouts
-            finally:                        # the batch before is delivered first, whatever befalls this one
                 if before is not None:
                     await before
+                episodes = await rollouts
+            finally:
+                rollouts.cancel()           # a no-op once they ended
             now = self.player.counters()
             counts, counted = counted_since(counted, now), now
             log_failures(errors, self.player.failures.format(rollouts=len(episodes)))
@@ -114,7 +117,8 @@ class GroupCollector:
                 tasks = [self.player.task(j, self.next_seed + j) for j in self.share]
                 self.next_seed += self.n_tasks
                 errors: list[str] = []
-                last = asyncio.create_task(delivered_after(last, self._play(tasks, errors), errors, self.state_dict()))
+                rollouts = asyncio.create_task(self._play(tasks, errors))
+                last = asyncio.create_task(delivered_after(last, rollouts, errors, self.state_dict()))
             if last is not None:
                 await last
 

@@ -48,12 +48,14 @@ from horizonrl.rollout.collector import Collector
 
 @dataclass
 class TakenBatch:
-    """What `async_metrics` reads of the last batch the learner took: the staleness of each of its turns (versions
-    between the one that sampled it and the policy it trains), how long the producer waited at the gate before
-    starting it, and how long the learner waited for it."""
+    """What the learner reads of the last batch it took: the staleness of each of its turns (versions between the
+    one that sampled it and the policy it trains), how long the producer waited at the gate before starting it,
+    how long the producer took to play it (from its start to its delivery: `timing/rollout_s`), and how long the
+    learner waited for it."""
 
     staleness: list[int]
     gated_s: float
+    played_s: float
     waited_s: float
 
 
@@ -72,13 +74,14 @@ def async_metrics(taken: TakenBatch, in_flight_at_sync: int, ranks: Ranks = LOCA
 @dataclass
 class ProducedBatch:
     """A batch the producer collected: its episodes, the collector's errors and counts of it, the
-    collector's state after it, and how long it waited at the gate before it started."""
+    collector's state after it, how long it waited at the gate before it started and how long it played."""
 
     episodes: list[Episode]
     errors: list[str]
     counts: dict[str, int]
     state: dict
     gated_s: float
+    played_s: float
 
 
 class Producer:
@@ -99,11 +102,13 @@ class Producer:
         self._changed = threading.Condition()   # guards what follows, shared with the producer thread
         self._requested = 0                     # batches the learner asked for
         self._delivered = 0                     # batches the collector delivered
-        self._gated_s: dict[int, float] = {}    # batch -> seconds it waited at the gate
+        self._started: dict[int, tuple[float, float]] = {}  # batch -> (seconds at the gate, when it started)
         self._ready: collections.deque[ProducedBatch] = collections.deque()
         self._failure: BaseException | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None   # the producer thread's, while it runs
+        self._gate: asyncio.Future | None = None              # what the gate awaits; set by `_changed_now`
         self._state: dict | None = None         # the collector's, after the last batch taken (None: its own)
         self.taken: TakenBatch | None = None     # the last batch the learner took
 
@@ -113,7 +118,7 @@ class Producer:
         asked = time.perf_counter()
         with self._changed:
             self._requested += 1
-            self._changed.notify_all()
+            self._changed_now()
         if self._thread is None:
             self._thread = threading.Thread(target=self._produce, name="horizonrl-producer", daemon=True)
             self._thread.start()
@@ -129,7 +134,7 @@ class Producer:
             raise RuntimeError(f"a batch holds a turn sampled {max(staleness)} weight versions before the policy it "
                                f"trains (version {version}); the bound is {self.max_staleness}")
         self.errors, self.counts, self._state = produced.errors, produced.counts, produced.state
-        self.taken = TakenBatch(staleness, produced.gated_s, time.perf_counter() - asked)
+        self.taken = TakenBatch(staleness, produced.gated_s, produced.played_s, time.perf_counter() - asked)
         return produced.episodes
 
     def metrics(self, ranks: Ranks = LOCAL) -> dict[str, float]:
@@ -138,30 +143,51 @@ class Producer:
 
     def _produce(self) -> None:
         """The producer thread: the collector's batches, each once the gate lets it start, until `close`."""
+        asyncio.run(self._produce_until_failure())
+
+    async def _produce_until_failure(self) -> None:
+        """The collector's `produce`; its failure goes to the learner from inside the event loop, before the loop
+        shuts down (which waits for whatever the failure left running)."""
+        with self._changed:
+            self._loop = asyncio.get_running_loop()
         try:
-            asyncio.run(self.collector.produce(self._admitted, self._deliver))
+            await self.collector.produce(self._admitted, self._deliver)
         except BaseException as error:    # the learner raises it at its next collect
             with self._changed:
                 self._failure = error
                 self._changed.notify_all()
+        finally:
+            with self._changed:
+                self._loop = None
 
     async def _admitted(self, b: int) -> bool:
-        """Whether batch b may start (False: the producer stops), once the learner has asked for batch b - K."""
+        """Whether batch b may start (False: the producer stops), once the learner has asked for batch b - K. The
+        wait is the event loop's own (a future the learner's thread resolves), so a failure can cancel it."""
         opened = time.perf_counter()
-        allowed = await asyncio.to_thread(self._wait_for_gate, b)
-        self._gated_s[b] = time.perf_counter() - opened
-        return allowed
+        while True:
+            with self._changed:
+                if self._stopping or self._requested >= b - self.max_staleness:
+                    break
+                self._gate = self._loop.create_future()
+            await self._gate
+        started = time.perf_counter()
+        self._started[b] = (started - opened, started)
+        return not self._stopping
 
-    def _wait_for_gate(self, b: int) -> bool:
-        with self._changed:
-            self._changed.wait_for(lambda: self._stopping or self._requested >= b - self.max_staleness)
-            return not self._stopping
+    def _changed_now(self) -> None:
+        """With `_changed` held: wake the learner's wait and the producer's gate."""
+        self._changed.notify_all()
+        gate, loop = self._gate, self._loop
+        if gate is not None and loop is not None:
+            loop.call_soon_threadsafe(lambda: gate.done() or gate.set_result(None))
 
     def _deliver(self, episodes: list[Episode], errors: list[str], counts: dict[str, int], state: dict) -> None:
+        delivered = time.perf_counter()
         with self._changed:
             self._delivered += 1
-            self._ready.append(ProducedBatch(episodes, list(errors), dict(counts), state,
-                                             self._gated_s.pop(self._delivered)))
+            gated_s, started = self._started.pop(self._delivered)
+            self._ready.append(ProducedBatch(episodes, list(errors), dict(counts), state, gated_s,
+                                             delivered - started))
             self._changed.notify_all()
 
     def state_dict(self) -> dict:
@@ -179,7 +205,7 @@ class Producer:
         """Stop the producer thread (once the batches in flight have ended) and close the collector."""
         with self._changed:
             self._stopping = True
-            self._changed.notify_all()
+            self._changed_now()
         if self._thread is not None:
             self._thread.join()
         self.collector.close()

@@ -256,8 +256,13 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
     """The iteration's record: env statistics of every collected episode, the collector's counts (the
     gateway's, `gateway/*`), the update's statistics (with the KL to the reference and the sampler's
     consistency), the batch's (data, critic fit), throughput and timings; every rank's, reduced from each
-    rank's sums and counts (no episode or row crosses the ranks)."""
+    rank's sums and counts (no episode or row crosses the ranks). `timing/rollout_s` is how long the batch took
+    to play: the learner's wait for it, or with a producer (rollout.async_training) the producer's time from the
+    batch's start to its delivery, the learner's wait being `async/learner_wait_s`."""
     counts = ctx.collector.counts
+    producer = ctx.collector if isinstance(ctx.collector, (Producer, ProducerProcess)) else None
+    if producer is not None:      # the batch was played ahead: its time is the producer's, not the learner's wait
+        timings = {**timings, "timing/rollout_s": producer.taken.played_s}
     generated, trained, errors, *counted = ctx.ranks.sum([
         sum(len(t.response_ids) for e in batch.episodes for t in e.turns), float(batch.data["attention_mask"].sum()),
         len(ctx.collector.errors), *counts.values()])
@@ -267,8 +272,8 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
               "perf/rollout_tokens_per_s": generated / timings["timing/rollout_s"],
               "perf/train_tokens_per_s": trained / (timings["timing/score_s"] + timings["timing/update_s"]),
               **timings}
-    if isinstance(ctx.collector, (Producer, ProducerProcess)):
-        record.update(ctx.collector.metrics(ctx.ranks))
+    if producer is not None:
+        record.update(producer.metrics(ctx.ranks))
     explain_splits(ctx, record)
     return write_records(ctx, record, batch)
 

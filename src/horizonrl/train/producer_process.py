@@ -41,6 +41,7 @@ import torch
 import torch.multiprocessing as mp
 from transformers import PreTrainedTokenizerBase
 
+from horizonrl import envs as env_registry
 from horizonrl.config import TrainConfig
 from horizonrl.engines.hf import HFEngine, copy_weights
 from horizonrl.learner.device import autocast_dtype, precision
@@ -65,7 +66,7 @@ class ProducerProcess:
         self._process = context.Process(
             target=serve, name="horizonrl-producer",
             args=(theirs, cfg, tokenizer, staging.share_memory(), dataclasses.replace(ranks, distributed=False),
-                  torch.get_num_threads()))
+                  torch.get_num_threads(), dict(env_registry.REGISTRY)))
         self._process.start()          # not a daemon: its env workers are processes of its own
         theirs.close()
         atexit.register(self._end)     # runs before multiprocessing's exit joins the process: see _end
@@ -153,10 +154,11 @@ class ProcessEngine:
 
 
 def serve(pipe: Connection, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase, staging: torch.nn.Module,
-          ranks: Ranks, threads: int) -> None:
-    """The producer process: build the rank's envs, an hf engine over a copy of `staging` and the collector,
-    played by a Producer; then answer the learner's messages (the module docstring) until `close` or until the
-    pipe closes."""
+          ranks: Ranks, threads: int, registry: dict[str, env_registry.EnvSpec]) -> None:
+    """The producer process: build the rank's envs (from the learner's env registry, the user's own envs
+    included), an hf engine over a copy of `staging` and the collector, played by a Producer; then answer the
+    learner's messages (the module docstring) until `close` or until the pipe closes."""
+    env_registry.REGISTRY.update(registry)
     signal.signal(signal.SIGINT, signal.SIG_IGN)      # sent to the whole process group (Ctrl-C, a scheduler):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)     # the learner's process stops the run, and this with it
     torch.set_num_threads(threads)
