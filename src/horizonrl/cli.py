@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         from horizonrl.engines.retry import EngineError
         from horizonrl.rollout.failures import RolloutsFailed
         from horizonrl.train.checkpoint import CheckpointError, StoppedBeforeCheckpoint, TrainingStopped, resume_config
+        from horizonrl.train.sync_check import EngineOutOfSync
 
         config_path = args.args[0] if args.args and "=" not in args.args[0] else None
         overrides = args.args[1:] if config_path else args.args
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         except CheckpointError as error:
             print(f"horizonrl: cannot resume: {error}", file=sys.stderr)
             return 2
-        except (EngineError, RolloutsFailed) as error:   # retried and still failing; every rollout of a batch failed
+        except (EngineError, RolloutsFailed, EngineOutOfSync) as error:   # retried and still failing; every rollout
+            # of a batch failed; the engine does not hold the learner's weights
             print(f"horizonrl: {error}", file=sys.stderr)
             return 1
         except (TrainingStopped, StoppedBeforeCheckpoint) as stopped:   # a signal: the run stopped (and saved)

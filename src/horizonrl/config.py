@@ -253,6 +253,17 @@ class AsyncTrainingConfig(Section):
         return self.max_staleness > 0 and self.producer == "process"
 
 
+class SyncCheckConfig(Section):
+    """After each weight sync: a run whose engine/learner log-prob gap (`rollout/logprob_abs_diff_current`) grows
+    past max(max_growth x its first iterations' largest, min_gap) stops, naming the engine and the gap (a stale or
+    partial sync; train/sync_check.py)."""
+
+    max_growth: float | None = Field(10.0, gt=1, description="how many times the first iterations' gap a later "
+                                                             "one may reach; null: no check")
+    min_gap: float = Field(0.05, gt=0, description="a gap (nats per token) below this never stops the run")
+    baseline_iterations: int = Field(3, gt=0, description="the first iterations whose gaps make the baseline")
+
+
 class RolloutConfig(Section):
     n_env: int = Field(16, gt=0, description="env streams (ppo) or env handles shared by the group rollouts")
     max_tokens: int = Field(32, gt=0)
@@ -266,6 +277,7 @@ class RolloutConfig(Section):
     vllm: VLLMOptions = VLLMOptions()
     openai: OpenAIOptions = OpenAIOptions()
     async_training: AsyncTrainingConfig = AsyncTrainingConfig()
+    sync_check: SyncCheckConfig = SyncCheckConfig()
 
     @model_validator(mode="after")
     def _learner_scores_the_sampling_distribution(self) -> RolloutConfig:

@@ -85,6 +85,8 @@ def test_no_trained_turn_is_older_than_the_bound_across_a_resume(tmp_path, train
         assert 0 <= r["async/staleness_mean"] <= r["async/staleness_max"]
         assert r["async/producer_wait_s"] >= 0 and r["async/learner_wait_s"] >= 0
         assert r["async/turns_in_flight_at_sync"] >= 0 and r["rollout/tis_weight_mean"] > 0
+        # the share of tokens sampled by the weights being trained: all of them exactly when no turn is stale
+        assert (r["rollout/current_weights_frac"] == 1.0) == (r["async/staleness_max"] == 0)
 
 
 def test_gigpo_trains_asynchronously(tmp_path):

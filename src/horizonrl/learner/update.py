@@ -173,7 +173,10 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
     Besides the loss terms, statistics of logp_old, so that they exist whether it was scored or not:
     `train/kl_ref` (k3 KL(pi_old || pi_ref), when there is a logp_ref) and the sampler's consistency,
     `rollout/logprob_abs_diff` = |logp_old - logp_engine| (and, with `tis_cap`, the mean TIS weight and
-    the fraction of tokens over the cap, truncated or masked), when there is a logp_engine."""
+    the fraction of tokens over the cap, truncated or masked), when there is a logp_engine; with
+    `sampled_by_current`, the share of tokens the weights being trained sampled and their own gap,
+    `rollout/logprob_abs_diff_current` (float rounding only, where the engine holds those weights:
+    train/sync_check.py reads it)."""
     def loss_fn(mb, num_tokens, num_seqs):
         mask = mb["loss_mask"]
         logp, entropy = token_logprobs(actor, mb["input_ids"], mb["attention_mask"], mask, temperature)
@@ -199,6 +202,10 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
             if "logp_engine" in mb:
                 gap = logp_old - mb["logp_engine"]
                 parts["rollout/logprob_abs_diff"] = token_total(gap.abs(), mask)
+                if "sampled_by_current" in mb:        # the tokens of the weights being trained: rounding only
+                    current = mask * mb["sampled_by_current"]
+                    parts["rollout/current_weights_frac"] = token_total(mb["sampled_by_current"], mask)
+                    parts["rollout/logprob_abs_diff_current"] = token_total(gap.abs(), current)
                 if tis_cap is not None:
                     parts["rollout/tis_weight_mean"] = token_total(weights, mask)
                     parts["rollout/tis_clipped_frac"] = token_total((gap > math.log(tis_cap)).float(), mask)

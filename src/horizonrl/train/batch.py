@@ -3,6 +3,8 @@
 Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where loss_mask is 0):
     input_ids, attention_mask, loss_mask      from the samples (prepare)
     logp_engine                               the engine's log-probs (when every turn has them)
+    sampled_by_current                        1 on the tokens of turns the weights being trained sampled (when
+                                              every turn has its weights version and `prepare` is given it)
     logp_old, entropy, logp_ref, values_old   from the networks score_batch is given (the others are absent)
     advantages, returns                       from estimate_advantages()
 `bootstrap_values` [B] holds V(s_{T+1}) of each bootstrap prompt (empty without a critic).
@@ -50,9 +52,10 @@ def build_samples(episodes: list[Episode], merge: MergeConfig | None, tokenizer=
 
 
 def prepare(episodes: list[Episode], pad_id: int, device, merge: MergeConfig | None = None, tokenizer=None,
-            mismatch_log: Path | None = None) -> PPOBatch:
+            mismatch_log: Path | None = None, weights_version: int | None = None) -> PPOBatch:
     """Rows of `episodes` (see build_samples), not scored yet. With `mismatch_log`, every prefix mismatch is
-    appended to it as a JSON line."""
+    appended to it as a JSON line. `weights_version`: the engine's now, that of the policy the batch trains
+    (asynchronous training samples turns with older ones)."""
     samples, merge_report = build_samples(episodes, merge, tokenizer)
     if merge_report is not None and mismatch_log is not None:
         write_mismatches(merge_report, mismatch_log)
@@ -62,6 +65,9 @@ def prepare(episodes: list[Episode], pad_id: int, device, merge: MergeConfig | N
     if turns and all(t.response_logprobs is not None for t in turns):
         data["logp_engine"] = index.to_rows(turn_layout([t.response_logprobs for t in turns], index.mask),
                                             data["input_ids"].shape)
+    if turns and weights_version is not None and all("weights_version" in t.info for t in turns):
+        current = [[float(t.info["weights_version"] == weights_version)] * len(t.response_ids) for t in turns]
+        data["sampled_by_current"] = index.to_rows(turn_layout(current, index.mask), data["input_ids"].shape)
     return PPOBatch(episodes, samples, index, data, torch.zeros(0, device=device), merge_report)
 
 

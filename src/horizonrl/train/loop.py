@@ -52,6 +52,7 @@ from horizonrl.train.checkpoint import (StopSignals, TrainingStopped, complete_c
 from horizonrl.train.collectors import run_envs
 from horizonrl.train.context import RunContext, start_run
 from horizonrl.train.producer_process import ProducerProcess
+from horizonrl.train.sync_check import EngineOutOfSync, SyncCheck
 from horizonrl.train.warmup import critic_warmup
 
 log = logging.getLogger(__name__)
@@ -121,6 +122,7 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
     rollouts all failed raises RolloutsFailed, naming the iteration and what the run folder keeps."""
     cfg = ctx.cfg
     iterate = ppo_iteration if cfg.algorithm == "ppo" else group_iteration
+    sync_check = SyncCheck(served_by(cfg), **cfg.rollout.sync_check.model_dump())
     bar = tqdm(range(ctx.first_iteration, cfg.iterations + 1), desc=cfg.name, disable=not progress,
                dynamic_ncols=True)
     for i in bar:
@@ -128,9 +130,20 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
             record = critic_warmup_iteration(ctx) if i == 0 else iterate(ctx, i)
         except RolloutsFailed as failed:
             raise RolloutsFailed(f"iteration {i}: {failed}\n{what_is_kept(ctx)}") from None
+        try:
+            sync_check.check(record)
+        except EngineOutOfSync as out_of_sync:
+            raise EngineOutOfSync(f"{out_of_sync}\n{what_is_kept(ctx)}") from None
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
         if ctx.checkpointer.iteration_done(i):
             break                                               # the budget is spent
+
+
+def served_by(cfg: TrainConfig) -> str:
+    """The engine that samples the rollouts, as the errors about it name it."""
+    if cfg.rollout.engine == "openai":
+        return f"the openai engine at {cfg.rollout.openai.base_url}"
+    return f"the {cfg.rollout.engine} engine"
 
 
 def what_is_kept(ctx: RunContext) -> str:
@@ -222,7 +235,8 @@ def score(ctx: RunContext, episodes: list[Episode], critic, updates_actor: bool 
     """The episodes' rows (per-turn or merged, as the config says) scored by `critic` (None: no values) and
     by the actor and the reference where `needed_scores` says (`updates_actor`: the batch trains the actor)."""
     cfg = ctx.cfg
-    batch = prepare(episodes, ctx.pad_id, ctx.device, tokenizer=ctx.tokenizer, **cfg.sample_options(ctx.run_dir))
+    batch = prepare(episodes, ctx.pad_id, ctx.device, tokenizer=ctx.tokenizer,
+                    weights_version=ctx.engine.state_dict()["weights_version"], **cfg.sample_options(ctx.run_dir))
     n_rows = len(batch.data["input_ids"]) if updates_actor else None
     old, ref = needed_scores(cfg, n_rows, ctx.ranks)
     score_batch(batch, ctx.pad_id, cfg.optim.micro_batch_budget, cfg.rollout.temperature,
