@@ -2,7 +2,7 @@
 (gloo, FSDP2 on the CPU) takes river-crossing success from under 0.2 to at least 0.9 over iterations
 16-20, as one process does (tests/learning/test_toy_learns.py: the same streams, seeds and
 warm-started model). 20 iterations, as the vLLM learning test: the recipe itself can collapse and
-recover later (BENCHMARKS.md: on 2 ranks, 1.00 from iteration 11 to 37, 0.14 at 38, 0.97 at 60)."""
+recover later (BENCHMARKS.md, "Recipes on a CPU": on 2 ranks, 0.96-1.00 from iteration 11 to 37, 0.14 at 38, 0.97 at 60)."""
 
 import sys
 import time

@@ -9,7 +9,7 @@ those of 2026-11-26 (a fresh install, torch pinned) 0.81-0.91 at iterations 10-1
 runs 18 iterations. The learning table saw GiGPO
 learn on seeds 0, 1 and 2, but with the packages of 2026-11-25 seed 0 stays at 0.03-0.16 for 14
 iterations (the same curve at the commit that table was made from) and seed 2 reaches 0.58
-(BENCHMARKS.md, Real model and precision).
+(BENCHMARKS.md, "Precision").
 """
 
 import time

@@ -67,7 +67,7 @@ def test_vllm_may_not_sleep_while_rollouts_overlap_the_update():
 def test_toy_recipe_learns_with_vllm_rollouts(tmp_path):
     """20 iterations: with vLLM's sampling stream this recipe (seed 1) reaches 1.00 at iteration 9 and
     holds it to 23, then collapses at 24 into max-length responses, while engine and learner log-probs
-    agree to ~3e-7 throughout (BENCHMARKS.md, Engines): the recipe's known sensitivity to the sampling
+    agree to ~3e-7 throughout (BENCHMARKS.md, "vLLM engine"): the recipe's known sensitivity to the sampling
     stream (the hf engine collapses the same way on other streams), not the engine's doing."""
     started = time.perf_counter()
     run_dir = train(load_config(TOY, ["rollout.engine=vllm", "iterations=20", f"output_dir={tmp_path}"]),
