@@ -5,8 +5,9 @@ more over the last 5.
 
 With the recipe's clip (0.2) a K = 1 run of the toy dips late where K = 0's does not: a CI run (2026-11-27) was
 at 1.00 in iterations 11-14 and fell to 0.23 at 16 (0.71 at 22), and 5 of 9 local runs fell below 0.9 after
-reaching 1.00 (to 0.41-0.86; one stayed near 0.5). With clip 0.1 none of 4 did (benchmarks/results/history-async.md, "Learning with
-K = 1"; benchmarks/results/learning-toy-async-k1-late-dips.md), so this test runs with clip 0.1.
+reaching 1.00 (to 0.41-0.86; one stayed near 0.5). With clip 0.1 none of 4 did
+(benchmarks/results/history-async.md, "Learning with K = 1"; benchmarks/results/learning-toy-async-k1-late-dips.md),
+so this test runs with clip 0.1.
 
 Unlike K = 0, a K = 1 run is not bit-reproducible, although every batch here is exactly one version old with no
 turn in flight at a sync: which requests the engine decodes together depends on timing, which moves float
