@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hmac
 import json
 import logging
@@ -353,12 +354,37 @@ async def _send_event(response: web.StreamResponse, data: dict, event: str | Non
 
 class GatewayThread:
     """Runs `gateway` on its own event loop in a daemon thread, so that a caller whose code runs in other
-    event loops (the trainer) can serve it: `start()` returns the base URL, `stop()` shuts it down."""
+    event loops (the trainer) can serve it: `start()` returns the base URL, `stop()` shuts it down.
+
+    No event loop runs in this thread while it collects garbage (Python collects in whichever thread allocates: the
+    agents' garbage too). A finaliser that schedules its cleanup on the running loop, as an unclosed
+    openai.AsyncOpenAI does (its `aclose()`), finds none. Run on this loop, that `aclose()` closed the client's
+    connection by its socket's file descriptor number, which the collection had freed and the agents' loop had
+    since given a new connection: it unregistered that connection's reads, and its agent waited for an answer it
+    never read until its timeout."""
 
     def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 0):
         self.gateway, self.host, self.port = gateway, host, port
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="horizonrl-gateway", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="horizonrl-gateway", daemon=True)
+        self._running: asyncio.AbstractEventLoop | None = None   # this thread's, during a collection here
+
+    def _serve(self) -> None:
+        gc.callbacks.append(self._no_loop_while_collecting)
+        try:
+            self.loop.run_forever()
+        finally:
+            gc.callbacks.remove(self._no_loop_while_collecting)
+
+    def _no_loop_while_collecting(self, phase: str, info: dict) -> None:
+        """A gc callback: no running loop in this thread from the start of a collection here to its end."""
+        if threading.current_thread() is not self._thread:
+            return
+        if phase == "start":
+            self._running = asyncio._get_running_loop()
+            asyncio._set_running_loop(None)
+        else:
+            asyncio._set_running_loop(self._running)
 
     def start(self) -> str:
         self._thread.start()
