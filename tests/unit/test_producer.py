@@ -21,10 +21,13 @@ from horizonrl.rollout.seeds import first_training_seed
 
 class VersionedCollector:
     """Batch b: one episode of `turns` turns, sampled one by one (`turn_s` apart) with the current version;
-    the batches follow each other (as the fixed-turn collector's do)."""
+    the batches follow each other (as the fixed-turn collector's do). Batch `hold`, once started, sets `holding`
+    and waits for `release` before its turns."""
 
-    def __init__(self, version: list[int], turns: int = 3, turn_s: float = 0.002, fail_at: int | None = None):
-        self.version, self.turns, self.turn_s, self.fail_at = version, turns, turn_s, fail_at
+    def __init__(self, version: list[int], turns: int = 3, turn_s: float = 0.002, fail_at: int | None = None,
+                 hold: int | None = None):
+        self.version, self.turns, self.turn_s, self.fail_at, self.hold = version, turns, turn_s, fail_at, hold
+        self.holding, self.release = threading.Event(), threading.Event()
         self.batches = 0
         self.started_with_requested: list[int] = []   # the learner's requests when each batch started
         self.producer: Producer | None = None
@@ -37,6 +40,9 @@ class VersionedCollector:
             self.started_with_requested.append(self.producer._requested)
             if self.batches == self.fail_at:
                 raise RuntimeError("env reset failed 3 times in a row")
+            if self.batches == self.hold:
+                self.holding.set()
+                await asyncio.to_thread(self.release.wait, 60)
             turns = []
             for _ in range(self.turns):
                 turns.append(Turn([1], [2], [-0.5], info={"weights_version": self.version[0]}))
@@ -60,6 +66,13 @@ def producer_over(collector: VersionedCollector, max_staleness: int) -> Producer
     return producer
 
 
+def wait_until(producer: Producer, condition) -> None:
+    """Until `condition()` holds, read under the producer's lock and again at each change it signals (a batch
+    delivered, asked for or taken, a stop). The 60 s bound only turns a hang into a failure."""
+    with producer._changed:
+        assert producer._changed.wait_for(condition, timeout=60), "the producer never got there"
+
+
 @pytest.mark.parametrize("max_staleness", [1, 2, 3])
 def test_no_turn_is_older_than_the_bound_and_the_bound_is_reached(max_staleness):
     version = [0]
@@ -69,7 +82,8 @@ def test_no_turn_is_older_than_the_bound_and_the_bound_is_reached(max_staleness)
     for _ in range(8):
         episodes = producer.collect()
         staleness.append(max(version[0] - t.info["weights_version"] for t in episodes[0].turns))
-        time.sleep(0.03)              # the update: the producer runs ahead meanwhile
+        # the update, slower than a batch: the producer runs ahead meanwhile, as far as its gate lets it
+        wait_until(producer, lambda: len(producer._ready) == max_staleness)
         version[0] += 1               # the sync
     producer.close()
     # batch b (1-based) started once the learner had asked for batch b - K (hand: max(0, b - K) requests)
@@ -88,7 +102,7 @@ def test_the_checkpointed_state_is_the_collectors_after_the_last_batch_taken():
     producer.collect()
     version[0] += 1
     state = producer.collect()
-    time.sleep(0.05)                                     # the producer collects batches 3 and 4 meanwhile
+    wait_until(producer, lambda: producer._delivered == 4)    # the producer collects batches 3 and 4 meanwhile
     assert collector.batches == 4
     assert state[0].episode_id == "batch2"
     assert producer.state_dict() == {"next_batch": 3, "history": [2]}
@@ -135,7 +149,7 @@ def test_a_turn_older_than_the_bound_is_refused():
     collector = VersionedCollector(version)
     producer = producer_over(collector, 1)
     producer.collect()
-    time.sleep(0.05)               # batch 2 is collected at version 0
+    wait_until(producer, lambda: producer._ready)     # batch 2 is collected at version 0
     version[0] = 2
     with pytest.raises(RuntimeError, match="sampled 2 weight versions before the policy it trains"):
         producer.collect()
@@ -143,12 +157,19 @@ def test_a_turn_older_than_the_bound_is_refused():
 
 
 def test_close_waits_for_the_batch_in_progress_and_starts_no_other():
-    collector = VersionedCollector([0], turns=5, turn_s=0.02)
+    """Batch 2 is held in progress until close has begun: close waits for it to end, and starts no batch 3."""
+    collector = VersionedCollector([0], turns=5, turn_s=0.02, hold=2)
     producer = producer_over(collector, 1)
     producer.collect()
-    time.sleep(0.01)                # batch 2 is in progress
-    producer.close()
-    assert collector.batches == 2
+    assert collector.holding.wait(60)                    # batch 2 is in progress
+    closing = threading.Thread(target=producer.close)
+    closing.start()
+    wait_until(producer, lambda: producer._stopping)     # close has begun...
+    assert closing.is_alive()                            # ...and waits for batch 2
+    collector.release.set()
+    closing.join(60)
+    assert not closing.is_alive()
+    assert collector.batches == 2 and producer._delivered == 2
     assert not any(t.name == "horizonrl-producer" for t in threading.enumerate())
 
 
@@ -158,15 +179,17 @@ def test_a_producer_needs_a_bound_of_at_least_one():
 
 
 class StragglerTasks:
-    """A group player whose rollout 0 of the task at `slow_seed` takes `slow_s` (a straggler), every other
-    rollout `fast_s`; it records when each rollout started and ended, and counts rollouts."""
+    """A group player whose rollout 0 of the task at `slow_seed` (a straggler) runs until `others` other rollouts
+    have ended, every other rollout `fast_s`; it records when each rollout started and ended, and counts rollouts.
+    (The straggler's 60 s bound only turns a wait for rollouts that never come into a failure.)"""
 
     failures = "rollouts failed"
 
-    def __init__(self, version: list[int], slow_seed: int, slow_s: float = 0.3, fast_s: float = 0.01):
-        self.version, self.slow_seed, self.slow_s, self.fast_s = version, slow_seed, slow_s, fast_s
+    def __init__(self, version: list[int], slow_seed: int, others: int, fast_s: float = 0.01):
+        self.version, self.slow_seed, self.others, self.fast_s = version, slow_seed, others, fast_s
         self.times: dict[tuple[int, int], tuple[float, float]] = {}
         self.played = 0
+        self.others_ended = asyncio.Event()     # bound to the producer's event loop at its first wait
 
     def task(self, j: int, seed: int) -> tuple[int, int]:
         return j, seed
@@ -175,9 +198,15 @@ class StragglerTasks:
         j, seed = task
         started = time.perf_counter()
         turn = Turn([1], [2], [-0.5], info={"weights_version": self.version[0]})
-        await asyncio.sleep(self.slow_s if (seed, k) == (self.slow_seed, 0) else self.fast_s)
+        if (seed, k) == (self.slow_seed, 0):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.others_ended.wait(), 60)
+        else:
+            await asyncio.sleep(self.fast_s)
         self.times[(seed, k)] = (started, time.perf_counter())
         self.played += 1
+        if self.played >= self.others:
+            self.others_ended.set()
         return Episode(f"seed{seed}/rollout{k}", "task", seed, group_id=f"seed{seed}", turns=[turn], outcome_reward=1.0)
 
     def batch(self):
@@ -191,12 +220,13 @@ class StragglerTasks:
 
 
 def test_group_batches_overlap_the_slowest_rollouts_of_the_batch_before():
-    """K = 1: batch 2 is drawn once the learner asks for batch 1, while batch 1's straggler runs, so its rollouts
-    start and end before batch 1 ends (batch 1's counts hold them); batches are delivered whole and in order, each
-    with the seed counter after it was drawn."""
+    """K = 1: batch 2 is drawn once the learner asks for batch 1, while batch 1's straggler runs (it runs until the
+    other 5 rollouts of batch 1 and the 6 of batch 2 have ended: a producer that waited for it before drawing batch 2
+    would never see them), so batch 2's rollouts start and end before batch 1 ends (batch 1's counts hold them);
+    batches are delivered whole and in order, each with the seed counter after it was drawn."""
     version = [0]
     first = first_training_seed(0)
-    player = StragglerTasks(version, slow_seed=first)
+    player = StragglerTasks(version, slow_seed=first, others=5 + 6)
     collector = GroupCollector(player, n_tasks=2, group_size=3, seed=0)
     producer = Producer(collector, 1, lambda: version[0], lambda: 0)
     batch1 = producer.collect()
@@ -204,8 +234,8 @@ def test_group_batches_overlap_the_slowest_rollouts_of_the_batch_before():
     assert producer.counts == {"rollouts": 6 + 6}      # batch 2's rollouts ended during batch 1's straggler
     assert producer.state_dict() == {"next_seed": first + 2}
     straggler_ended = player.times[(first, 0)][1]
-    batch2_started = min(started for (seed, _), (started, _) in player.times.items() if seed >= first + 2)
-    assert batch2_started < straggler_ended - 0.2
+    batch2_ended = max(ended for (seed, _), (_, ended) in player.times.items() if seed >= first + 2)
+    assert batch2_ended < straggler_ended
     version[0] += 1
     batch2 = producer.collect()
     assert {e.seed for e in batch2} == {first + 2, first + 3}
