@@ -199,10 +199,17 @@ def test_run_tool_calls_keeps_order_and_bounds_concurrency():
 
 
 def test_run_tool_calls_reports_every_failure_in_place():
+    """One time limit for every call: the calls that must not time out answer within their first step on the event
+    loop (an async calculator), which no clock can beat, not from a worker thread that a loaded machine may start
+    later than 0.2 s."""
     @tool
     async def sleepy(seconds: float) -> str:
         await asyncio.sleep(seconds)
         return "awake"
+
+    @tool(name="calculator", description=calculator.description)
+    async def calculator_at_once(expression: str) -> str:
+        return calculator.fn(expression)
 
     malformed = ToolResult("", "Error: tool call is not valid JSON: ...", "malformed")
     calls = [ToolCall("calculator", {"expression": "2+3*4"}),
@@ -211,7 +218,7 @@ def test_run_tool_calls_reports_every_failure_in_place():
              ToolCall("calculator", {"formula": "1"}),
              ToolCall("calculator", {"expression": "1/0"}),
              malformed]
-    results = run(calls, [calculator, sleepy], timeout_s=0.2)
+    results = run(calls, [calculator_at_once, sleepy], timeout_s=0.2)
     assert (results[0].content, results[0].error) == ("14", None)
     assert results[1].error == "timeout" and results[1].content == "Error: sleepy timed out after 0.2 s"
     assert results[2] == ToolResult("search", "Error: unknown tool 'search'; available tools: calculator, sleepy",
