@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -249,22 +250,32 @@ def test_the_hf_engine_takes_new_weights_while_a_request_is_in_flight(river_tiny
         for parameter in new.parameters():
             parameter.add_(torch.randn_like(parameter), alpha=0.5)
     greedy = SamplingParams(max_tokens=8, temperature=0.0)
-    long = SamplingParams(max_tokens=1500, temperature=0.0)   # ~1 s: still running when the sync comes
+    long = SamplingParams(max_tokens=200, temperature=0.0)
     prompt = tokenizer.encode("The river runs")
     before = engine.generate_batch([prompt], [greedy])[0]
+    paused, synced = threading.Event(), threading.Event()
+    admit = engine._admit
+
+    def admit_after_the_sync(batch):       # between two decode steps, 100 tokens in, the worker waits for the sync
+        if batch is not None and len(batch.requests[0].token_ids) == 100:
+            paused.set()
+            assert synced.wait(timeout=60)
+        return admit(batch)
+
+    engine._admit = admit_after_the_sync
 
     async def sync_during_a_rollout():
         running = asyncio.create_task(engine.generate(prompt, long))
-        while engine._decoding == 0:                      # the worker holds the request
-            await asyncio.sleep(0.001)
+        assert await asyncio.to_thread(paused.wait, 60)   # the request is in flight, half of it sampled
         await asyncio.to_thread(engine.sync_weights, new)
+        synced.set()
         in_flight = await running
         kept = list(engine._prefixes)
         return in_flight, kept, await engine.generate(prompt, greedy)
 
     in_flight, kept, after = asyncio.run(sync_during_a_rollout())
     assert engine.in_flight_at_sync == 1
-    assert len(in_flight.token_ids) == 1500 and in_flight.weights_version == 0
+    assert len(in_flight.token_ids) == 200 and in_flight.weights_version == 0
     assert kept == []                                     # its KV, computed partly by the old weights, is not kept
     assert after.weights_version == 1
     fresh = HFEngine(new, tokenizer.pad_token_id).generate_batch([prompt], [greedy])[0]

@@ -105,11 +105,13 @@ def test_a_request_arriving_mid_decode_joins_the_batch_and_leaves_it_when_done(r
     engine = HFEngine(model, tokenizer.pad_token_id, seed=5, max_padding_tokens=512 if shared_pass else 0)
     long_prompt, short_prompt = prompts_of(tokenizer, 2)  # the short request has the wider prompt
     assert len(short_prompt) > len(long_prompt)
-    submitted = threading.Event()
+    submitted, seen = threading.Event(), threading.Event()
 
-    def hold_third_pass(module, args, kwargs):  # the worker waits until the short request is queued
-        if len(shapes) == 3:
-            assert submitted.wait(timeout=30)
+    def hold_third_pass(module, args, kwargs):
+        if len(shapes) == 3:     # the worker waits until the short request is queued
+            assert submitted.wait(timeout=60)
+        if len(shapes) == 12:    # and, the short one ended (by pass 8), until the test has seen the long one run on
+            assert seen.wait(timeout=60)
 
     async def run():
         long = asyncio.create_task(engine.generate(long_prompt, SamplingParams(max_tokens=40)))
@@ -119,7 +121,9 @@ def test_a_request_arriving_mid_decode_joins_the_batch_and_leaves_it_when_done(r
         await asyncio.sleep(0)   # the short request is pending
         submitted.set()
         done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
-        assert done == {short} and len(shapes) < 39   # the long one is still decoding
+        passes = len(shapes)
+        seen.set()
+        assert done == {short} and passes < 39   # the long one is still decoding
         return await long, await short
 
     with forward_shapes(model) as shapes:
@@ -145,16 +149,29 @@ def test_requests_admitted_at_different_times_get_what_they_get_alone(river_tiny
     prompts = prompts_of(tokenizer, 4)    # widths 1x, 2x, 3x, 1x: newcomers wider and narrower
     params = [SamplingParams(max_tokens=n, temperature=0.0) for n in (30, 6, 14, 9)]
 
-    async def arrive(i):      # request i arrives after 4 * i forward passes
+    arrived = [threading.Event() for _ in prompts]
+
+    def hold_for_arrivals(module, args, kwargs):   # forward pass 4 * i waits until request i is queued
+        if len(shapes) in (4, 8, 12):
+            assert arrived[len(shapes) // 4].wait(timeout=60)
+
+    async def arrive(i):      # request i arrives during forward pass 4 * i, while request 0 (30 passes) decodes
         while len(shapes) < 4 * i:
             await asyncio.sleep(0.001)
-        return await engine.generate(prompts[i], params[i])
+        generation = asyncio.create_task(engine.generate(prompts[i], params[i]))
+        await asyncio.sleep(0)   # request i is pending
+        arrived[i].set()
+        return await generation
 
     async def run():
         return await asyncio.gather(*(arrive(i) for i in range(4)))
 
     with forward_shapes(model) as shapes:
-        staggered = asyncio.run(run())
+        handle = model.register_forward_pre_hook(hold_for_arrivals, with_kwargs=True)
+        try:
+            staggered = asyncio.run(run())
+        finally:
+            handle.remove()
     prefills = [rows for rows, new, _ in shapes if new > 1]
     assert len(prefills) >= 2 and any(rows > 1 for rows, new, _ in shapes if new == 1)   # joined
     for prompt, p, generation in zip(prompts, params, staggered):
