@@ -119,24 +119,26 @@ def test_lora_with_mixed_precision_and_checkpointing_trains_on_two_ranks(tmp_pat
 
 
 def test_an_exception_on_one_rank_ends_the_job_naming_the_rank_and_the_error(tmp_path, tiny_folder, monkeypatch):
+    """The job ends (the launch's 600 s timeout only turns a hang into a failure; the time a loaded machine takes to
+    start two ranks is no part of the answer)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
-    started = time.monotonic()
     done = train(2, [str(TOY), *SMALL, "algorithm=grpo", "group.n_tasks=2", "group.group_size=2", "group.max_turns=3",
                      "group.reward_fn=failing:reward_fails_on_rank_1", f"model.path={tiny_folder}", "iterations=2",
                      "dist.timeout_s=60", f"output_dir={tmp_path}"], expect_failure=True)
-    assert done.returncode != 0 and time.monotonic() - started < 120
+    assert done.returncode != 0
     assert "rank      : 1" in done.stderr and "planted failure on rank 1" in done.stderr, done.stderr[-3000:]
 
 
 def test_a_rank_whose_episodes_were_all_dropped_ends_every_rank_with_one_error(tmp_path, tiny_folder):
     """Every env step fails on rank 1: each rank raises the same error naming the dropped share, which its CLI
-    prints (issue 28: rank 1 alone crashed in the update, and rank 0 was left in a collective)."""
-    started = time.monotonic()
+    prints (issue 28: rank 1 alone crashed in the update, and rank 0 was left in a collective): both ranks print
+    it, so neither was left waiting for the other. (Not a clock: the whole launch, two ranks' start-up included,
+    must not have to fit in a time; it took 19-23 s of the 60 s it once had beside a busy neighbour on 2 cores.)"""
     done = torchrun(2, [str(Path(__file__).parent / "failing.py"), str(TOY), *SMALL, "algorithm=grpo",
                         "env.id=river-broken-on-rank-1", "group.n_tasks=2", "group.group_size=2",
                         f"model.path={tiny_folder}", "iterations=1", "dist.timeout_s=60", f"output_dir={tmp_path}",
                         "--quiet"], expect_failure=True)
-    assert done.returncode != 0 and time.monotonic() - started < 60, done.stderr[-3000:]
+    assert done.returncode != 0, done.stderr[-3000:]
     # 2 tasks x 2 rollouts, one task per rank: rank 0 kept its 2 episodes, rank 1 dropped its 2
     headline = ("horizonrl: iteration 1: every episode of the batch on rank 1 failed (failed per rank: 0 of 2, 2 of "
                 "2), so the update has no rows to train on")
