@@ -14,6 +14,9 @@
     horizonrl export RUN --to DIR               a run's last checkpoint as a Hugging Face model folder
     horizonrl gateway MODEL [--engine hf|vllm] [--host H] [--port P] [--api-key KEY] [--traces FILE] ...
                                                 serve MODEL over the OpenAI API, recording every call's exact tokens
+
+Each command that runs a model logs torch's CPU thread count once (learner/device.py, use_threads): set it with
+threads=N (train, sft), --threads N (eval, gateway) or HORIZONRL_THREADS=N (any of them, a resume included).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from horizonrl.config import ConfigError, load_config
+from horizonrl.config import ConfigError, load_config, parse_threads
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
@@ -42,6 +45,14 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
             raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
         return value
     return parse
+
+
+def threads(text: str) -> int | str:
+    """An argparse type: --threads, "auto" or a count > 0 (config.parse_threads), refused (exit 2) otherwise."""
+    try:
+        return parse_threads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 @record   # under torchrun: a rank's uncaught exception reaches torchrun's failure summary, naming the rank
@@ -76,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     eval_cmd.add_argument("--max-steps", type=int, help="turns after which an episode is cut (default: the env's)")
     eval_cmd.add_argument("--seed", type=int, default=0, help="seeds the sampler of the sampled mode")
     eval_cmd.add_argument("--mode", choices=["greedy", "sampled", "both"], default="both")
+    eval_cmd.add_argument("--threads", type=threads, default="auto",
+                          help="torch's CPU threads (default auto: the cores but one; on a GPU torch's own)")
     eval_cmd.add_argument("engine_settings", nargs="*", metavar="key=value",
                           help="the engine that samples (right after the target): rollout.engine=hf|vllm|openai, "
                                "rollout.vllm.*, rollout.openai.*, precision=auto|fp32|bf16")
@@ -108,6 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     gateway_cmd.add_argument("--max-n", type=int, default=8, help="the most choices one request may ask for")
     gateway_cmd.add_argument("--max-model-len", type=int,
                              help="prompt + response tokens (default: the model's max_position_embeddings)")
+    gateway_cmd.add_argument("--threads", type=threads, default="auto",
+                             help="torch's CPU threads (default auto: half of the cores but one, the agents "
+                                  "that call it having the other half; on a GPU torch's own)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("horizonrl").setLevel(logging.INFO)   # ours at INFO; libraries' (an agent's HTTP client) quiet
@@ -118,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in ("train", "sft"):
         from horizonrl.engines.retry import EngineError
+        from horizonrl.learner.device import use_run_threads
         from horizonrl.rollout.failures import RolloutsFailed
         from horizonrl.train.checkpoint import CheckpointError, StoppedBeforeCheckpoint, TrainingStopped, resume_config
         from horizonrl.train.sync_check import EngineOutOfSync
@@ -130,11 +147,14 @@ def main(argv: list[str] | None = None) -> int:
 
                 resume = Path(args.resume) if args.resume is not None else None
                 cfg = resume_config(resume, args.args) if resume else load_config(config_path, overrides)
+                use_run_threads(cfg, "train")
                 run_dir = train(cfg, progress=not args.quiet, resume=resume)
             else:
                 from horizonrl.train.sft import sft
 
-                run_dir = sft(load_config(config_path, overrides))
+                cfg = load_config(config_path, overrides)
+                use_run_threads(cfg, "sft")
+                run_dir = sft(cfg)
         except ConfigError as error:
             print(f"horizonrl: config error:\n{error}", file=sys.stderr)
             return 2
@@ -176,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         print(write_report(Path(args.run)))
     elif args.command == "eval":
         from horizonrl.evaluate import MODES, evaluate, format_table
+        from horizonrl.learner.device import resolve_device, use_threads
 
         try:
+            use_threads(args.threads, resolve_device("auto").type)
             results, path = evaluate(args.target, args.episodes, args.env_ids, args.max_steps, args.seed,
                                      MODES if args.mode == "both" else (args.mode,), args.engine_settings)
         except ValueError as error:   # not a run or checkpoint, bad env or config, seeds used in training
@@ -211,8 +233,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     elif args.command == "gateway":
         from horizonrl.gateway.server import serve
+        from horizonrl.learner.device import resolve_device, use_threads
 
         try:
+            use_threads(args.threads, resolve_device(args.device).type, 2,
+                        "the gateway and the agents that call it")
             serve(args.model, args.engine, args.host, args.port, args.api_key or None, args.traces, args.device,
                   args.seed, args.max_tokens, args.max_n, args.max_model_len)
         except ValueError as error:   # a model that does not load (ConfigError), no such device

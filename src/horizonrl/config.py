@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
+                      model_validator)
 
 from horizonrl.algos.group import ESTIMATORS
 
@@ -80,6 +81,21 @@ def _tool_references(references: list[str]) -> list[str]:
 
 
 Importable = Annotated[str, AfterValidator(_import_target)]
+
+
+def parse_threads(value: Any) -> int | str:
+    """A `threads` setting: "auto", or a whole number > 0 (an int, or its text: HORIZONRL_THREADS=2);
+    ValueError otherwise."""
+    if value == "auto":
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    raise ValueError(f"must be auto or a number of threads > 0, got {value!r}")
+
+
+Threads = Annotated[Annotated[int, Field(gt=0)] | Literal["auto"], BeforeValidator(parse_threads)]
 
 
 class Section(BaseModel):
@@ -487,6 +503,10 @@ class TrainConfig(Section):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="bf16 autocast over fp32 weights: auto = on CUDA and on CPUs with AMX-BF16 "
                             "(learner/device.py)")
+    threads: Threads = Field(
+        "auto", description="torch's CPU threads in each process of the run: auto = the usable cores but one, "
+                            "divided among the run's processes that compute at once; torch's own count on a GPU "
+                            "(learner/device.py); HORIZONRL_THREADS overrides")
     output_dir: str = "runs"
     model: ModelConfig = ModelConfig()
     env: EnvConfig = EnvConfig()
