@@ -1,6 +1,9 @@
-"""Envs that misbehave on purpose, importable by worker processes (tests of the env pool)."""
+"""Envs for tests, importable by worker and producer processes: ones that misbehave on purpose (tests of the env
+pool, of a run whose resets fail), and one that logs the steps a producer plays."""
 
+import threading
 import time
+from pathlib import Path
 
 from horizonrl.envs.river import River
 
@@ -37,3 +40,19 @@ class ResetFailsRiver(River):
         if self.fail_from <= seed < self.fail_below:
             raise RuntimeError(f"the simulator refused seed {seed}")
         return super().reset(seed)
+
+
+class ProducerStepsRiver(River):
+    """River that appends a line to the file `steps_file` at each step a producer plays (in its thread,
+    "horizonrl-producer", of the learner's process or of a producer process); the warm start's steps are not
+    logged. A test reads from it how far the producer has got."""
+
+    def __init__(self, steps_file: str, **kwargs):
+        super().__init__(**kwargs)
+        self.steps_file = Path(steps_file)
+
+    def step(self, action: str):
+        if threading.current_thread().name == "horizonrl-producer":
+            with self.steps_file.open("a") as steps:
+                steps.write("step\n")
+        return super().step(action)

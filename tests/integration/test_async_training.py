@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from horizonrl import envs
 from horizonrl.cli import main
 from horizonrl.config import ConfigError, load_config
 from horizonrl.engines.base import SamplingParams
@@ -37,6 +38,9 @@ TOY = "configs/toy.yaml"
 SMALL = ["rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
          "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20",
          "model.warm_start.iterations=1", "actor.tis_cap=2.0"]
+STEPS_PER_BATCH = 4 * 4     # SMALL's rollout.n_env x ppo.e_len: a fixed-turn batch's env steps
+
+envs.register("producer-steps-river", "flaky_envs:ProducerStepsRiver", "a River that logs the steps a producer plays")
 
 
 @pytest.fixture
@@ -64,12 +68,47 @@ def metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def learner_waits_for_the_producer_to_run_ahead(monkeypatch, steps_file: Path, max_staleness: int) -> list[str]:
+    """Overrides for a run of producer-steps-river whose learner, before each weight sync of an update, waits until
+    its producer has begun the batch K ahead of the last one taken (the producer's env steps, logged in
+    `steps_file`, say how far it has got): the first turns of that batch are then sampled K versions before the
+    policy that trains it, so the bound is reached however fast the update is next to a batch. (The wait's 60 s
+    bound only turns a producer that does not run ahead into a failure.)"""
+    runs: list[list] = []        # [collector, producer steps logged before its first batch, batches taken]
+    collect_turns, sync_engine = loop.collect_turns, loop.sync_engine
+
+    def steps() -> int:
+        return len(steps_file.read_text().splitlines()) if steps_file.exists() else 0
+
+    def counted_collect_turns(ctx):
+        run = next((run for run in runs if run[0] is ctx.collector), None)
+        if run is None:
+            runs.append(run := [ctx.collector, steps(), 0])      # before its producer starts
+        run[2] += 1
+        return collect_turns(ctx)
+
+    def sync_once_ahead(ctx):
+        _, before, taken = next(run for run in runs if run[0] is ctx.collector)
+        deadline = time.monotonic() + 60
+        while steps() - before <= STEPS_PER_BATCH * (taken + max_staleness - 1):   # batch taken + K not begun
+            assert time.monotonic() < deadline, "the producer did not run ahead"
+            time.sleep(0.01)
+        sync_engine(ctx)
+
+    monkeypatch.setattr(loop, "collect_turns", counted_collect_turns)
+    monkeypatch.setattr(loop, "sync_engine", sync_once_ahead)
+    return ["env.id=producer-steps-river", f"env.kwargs.steps_file={steps_file}"]
+
+
 @pytest.mark.parametrize("max_staleness, producer", [(1, "thread"), (2, "thread"), (2, "process")])
-def test_no_trained_turn_is_older_than_the_bound_across_a_resume(tmp_path, trained_versions, max_staleness, producer):
+def test_no_trained_turn_is_older_than_the_bound_across_a_resume(tmp_path, trained_versions, max_staleness, producer,
+                                                                 monkeypatch):
     async_training = [f"rollout.async_training.max_staleness={max_staleness}",
                       f"rollout.async_training.producer={producer}"]
-    assert main(["train", TOY, *SMALL, *async_training, "iterations=3", f"output_dir={tmp_path}", "--quiet"]) == 0
-    (run,) = tmp_path.iterdir()
+    ahead = learner_waits_for_the_producer_to_run_ahead(monkeypatch, tmp_path / "producer-steps", max_staleness)
+    runs = tmp_path / "runs"
+    assert main(["train", TOY, *SMALL, *async_training, *ahead, "iterations=3", f"output_dir={runs}", "--quiet"]) == 0
+    (run,) = runs.iterdir()
     assert main(["train", "--resume", str(run), "iterations=6", "--quiet"]) == 0
     assert sorted(trained_versions) == [1, 2, 3, 4, 5, 6]
     staleness = {}
@@ -78,7 +117,7 @@ def test_no_trained_turn_is_older_than_the_bound_across_a_resume(tmp_path, train
         assert len(turn_versions) == 16                          # 4 streams x 4 turns
         assert min(turn_versions) >= i - 1 - max_staleness and max(turn_versions) <= i - 1
         staleness[i] = i - 1 - min(turn_versions)
-    assert max(staleness.values()) == max_staleness             # the producer runs ahead (the update is slower)
+    assert max(staleness.values()) == max_staleness             # the producer runs ahead (the learner waits for it)
     assert staleness[4] == 0                                     # the resumed run collects its first batch afresh
     records = [r for r in metrics(run) if r["iteration"] > 0]
     assert [r["async/staleness_max"] for r in records] == [staleness[i] for i in range(1, 7)]
