@@ -179,7 +179,7 @@ def test_sft_whose_expert_episodes_all_fail_is_one_error_naming_env_id_and_the_c
     args = ["sft", "env.id=babyai/goto", "env.kwargs={}", "sft.episodes=2", "sft.steps=2", f"output_dir={tmp_path}"]
     assert main(args) == 1
     error = capsys.readouterr().err
-    assert ("\nhorizonrl: every expert episode of env.id babyai/goto (sft.episodes=2 each) failed (2 of 2), so sft "
+    assert ("horizonrl: every expert episode of env.id babyai/goto (sft.episodes=2 each) failed (2 of 2), so sft "
             "has no demonstration to learn from; nothing was saved; the failures, most common first:\n") in error
     assert "raised RuntimeError: the grid fell over" in error and "Traceback" not in error
     assert not any(tmp_path.iterdir())
