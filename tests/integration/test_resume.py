@@ -4,8 +4,8 @@ equal weights (actor and critic), metrics and trajectories.
 
 Every run here uses one thread (conftest.py; OMP_NUM_THREADS=1 for subprocesses), so both sides
 compute with the same kernels. Timing keys (`timing/*`, `perf/*`) measure wall time and are left out;
-`rollout/logprob_abs_diff` compares the engine's log-probs with the learner's, and the engine's move
-with float rounding as requests happen to share decode steps (engines/hf.py), so it is compared
+`rollout/logprob_abs_diff` (and its `_current`) compares the engine's log-probs with the learner's, and the
+engine's move with float rounding as requests happen to share decode steps (engines/hf.py), so it is compared
 approximately.
 """
 
@@ -69,8 +69,8 @@ def assert_same_run(run: Path, straight: Path, algorithm: str = "ppo") -> None:
     ours, theirs = read_metrics(run / "metrics.jsonl"), read_metrics(straight / "metrics.jsonl")
     assert [r["iteration"] for r in ours] == [r["iteration"] for r in theirs]
     for mine, other in zip(ours, theirs):
-        engine_noise = "rollout/logprob_abs_diff"
-        assert mine.pop(engine_noise, None) == pytest.approx(other.pop(engine_noise, None), abs=1e-5)
+        for engine_noise in ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_current"):
+            assert mine.pop(engine_noise, None) == pytest.approx(other.pop(engine_noise, None), abs=1e-5)
         assert deterministic(mine) == deterministic(other)
     assert _lines(run / "trajectories.jsonl") == _lines(straight / "trajectories.jsonl")
 
