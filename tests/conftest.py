@@ -10,6 +10,17 @@ os.environ["HORIZONRL_CPU_BF16"] = "0"
 
 torch.set_num_threads(1)
 
+# The suite runs in two pytest-xdist workers, a whole file each at a time (README's test command:
+# `-n 2 --dist loadfile --no-loadscope-reorder`). A worker takes the next file in collection order, so the files
+# that take minutes go first, and the many short unit files fill the end: no core idles while one worker ends
+# with a learning test (tests/learning: 3-9 minutes a file on the 2-core development CPU).
+FIRST = ("tests/learning/test_toy_learns_with_groups.py", "tests/learning/", "tests/distributed/", "tests/integration/",
+         "tests/")
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: next(i for i, folder in enumerate(FIRST) if item.nodeid.startswith(folder)))
+
 
 @pytest.fixture(scope="session")
 def river_tiny():

@@ -60,7 +60,8 @@ RUN_BY = {
     "horizonrl train": ("tests/integration/test_default_job.py", 'main(["train"'),
     "horizonrl eval runs/babyai-tiny-<time>/init": ("tests/integration/test_default_job.py", 'main(["eval"'),
     "horizonrl eval runs/babyai-tiny-<time>": ("tests/integration/test_default_job.py", 'main(["eval"'),
-    "python -m pytest( -n [0-9]+ --dist loadfile)?": (".ci/run", "python -m pytest"),   # README's test command
+    "python -m pytest -n 2 --dist loadfile --no-loadscope-reorder": (   # README's test command
+        ".ci/run", "python -m pytest -n 2 --dist loadfile --no-loadscope-reorder"),
     "python -m pytest tests/with_vllm -m \"not slow\"": (".ci/run", 'pytest tests/with_vllm -m "not slow"'),
     "pip install torch==2.13.0": (".ci/run", "pip install torch==2.13.0"),
     "pip install -e \".[dev]\"": (".ci/run", 'pip install -e ".[dev]"'),
@@ -75,7 +76,7 @@ RUN_BY = {
     "python -m pytest tests/distributed/test_one_update.py -s": ("tests/distributed/test_one_update.py", "def test_"),
     "pip install -e \".[frameworks]\"": (".ci/run", 'pip install -e ".[dev]"'),   # dev includes frameworks
 }
-PYTEST_FLAGS = {"-s", "-x", "-q", "-v", "-ra", "--durations=0", "--co"}
+PYTEST_FLAGS = {"-s", "-x", "-q", "-v", "-ra", "--durations=0", "--co", "--no-loadscope-reorder"}
 PYTEST_OPTIONS = {"-m", "-k", "-n", "--dist", "-p"}   # take a value
 RESUME_KEYS = re.compile(r"(iterations|save_every|budget\.[a-z_]+)=")
 
