@@ -275,13 +275,14 @@ def test_garbage_the_gateways_thread_collects_is_finalised_with_no_loop_running(
     assert seen == [None] and running is server.loop
 
 class SlowEngine(ScriptedEngine):
-    """The scripted answer after `delay_s`, counting the calls in flight and those that ran to the end."""
+    """The scripted answer after `delay_s`, counting the calls started, in flight and run to the end."""
 
     def __init__(self, tokenizer, delay_s: float):
         super().__init__(tokenizer, lambda prompt: "The answer is 2.")
-        self.delay_s, self.in_flight, self.finished = delay_s, 0, 0
+        self.delay_s, self.started, self.in_flight, self.finished = delay_s, 0, 0, 0
 
     async def generate(self, prompt_ids, params):
+        self.started += 1
         self.in_flight += 1
         try:
             await asyncio.sleep(self.delay_s)
@@ -293,18 +294,23 @@ class SlowEngine(ScriptedEngine):
 
 
 def test_a_timed_out_agents_generation_is_over_when_collect_returns(qwen_tokenizer):
-    """The agent gives up (times out) 0.3 s into a 1.5 s generation; the gateway's handler, which aiohttp does
-    not cancel, would go on generating through the update and the weight sync after collect returned."""
-    engine = SlowEngine(qwen_tokenizer, delay_s=1.5)
-    groups = collector(qwen_tokenizer, no_reward, [arithmetic.make_task(0)], group_size=1, timeout_s=0.3,
-                       engine=engine)
-    try:
-        episodes = groups.collect()
-        in_flight, finished = engine.in_flight, engine.finished
-    finally:
-        groups.close()
-    assert groups.errors == ["agent timed out after 0.3 s"]
-    assert episodes[0].turns == [] and (in_flight, finished) == (0, 1)
+    """The agent gives up (times out) while its generation, five times as long, runs; the gateway's handler,
+    which aiohttp does not cancel, would go on generating through the update and the weight sync after collect
+    returned. On a busy machine the agent may time out before its call reaches the engine: then it is tried again
+    with a longer time limit, until the timeout lands during the generation (the case under test)."""
+    for timeout_s in (0.3, 1.0, 3.0, 10.0):
+        engine = SlowEngine(qwen_tokenizer, delay_s=5 * timeout_s)
+        groups = collector(qwen_tokenizer, no_reward, [arithmetic.make_task(0)], group_size=1, timeout_s=timeout_s,
+                           engine=engine)
+        try:
+            episodes = groups.collect()
+            in_flight, started, finished = engine.in_flight, engine.started, engine.finished
+        finally:
+            groups.close()
+        if started:
+            break
+    assert groups.errors == [f"agent timed out after {timeout_s} s"]
+    assert episodes[0].turns == [] and (in_flight, started, finished) == (0, 1, 1)
 
 
 def test_a_posted_reward_and_call_rewards_are_the_episodes(qwen_tokenizer):
