@@ -83,9 +83,20 @@ def episode_from_rollout(rollout: Rollout, episode_id: str, task: Task, group_id
     return Episode(episode_id, task.task_id, task.seed, group_id, turns, data=dict(task.data))
 
 
+def waited_for_a_core_s() -> float:
+    """Seconds this thread has been runnable but not running so far (Linux's schedstat); 0 where the kernel does
+    not say. Such a wait is the machine's load, not the agent blocking its loop."""
+    try:
+        with open("/proc/thread-self/schedstat") as stats:
+            return int(stats.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 class LongSteps:
     """`await LongSteps(coro, blocked)` awaits `coro`, timing each of its steps (one `send` or `throw`: its
-    code up to its next await) and adding those over LONG_STEP_S to `blocked[0]`."""
+    code up to its next await, less what the thread waited for a core meanwhile: a busy machine is not a
+    blocking agent) and adding those over LONG_STEP_S to `blocked[0]`."""
 
     def __init__(self, coro: Coroutine, blocked: list[float]):
         if not inspect.iscoroutine(coro):
@@ -96,13 +107,13 @@ class LongSteps:
     def __await__(self):
         value, error = None, None
         while True:
-            started = time.monotonic()
+            started, queued = time.monotonic(), waited_for_a_core_s()
             try:
                 awaited = self.coro.send(value) if error is None else self.coro.throw(error)
             except StopIteration as done:
                 return done.value
             finally:
-                self._count(time.monotonic() - started)
+                self._count(time.monotonic() - started - (waited_for_a_core_s() - queued))
             try:
                 value, error = (yield awaited), None
             except BaseException as thrown:          # cancellation (a timeout) goes on into the agent
