@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         except CheckpointError as error:
             print(f"horizonrl: cannot resume: {error}", file=sys.stderr)
             return 2
-        except (EngineError, RolloutsFailed, EngineOutOfSync) as error:   # retried and still failing; every rollout
-            # of a batch failed; the engine does not hold the learner's weights
+        # an engine call retried and still failing; every rollout of a batch failed; an engine off the learner's weights
+        except (EngineError, RolloutsFailed, EngineOutOfSync) as error:
             print(f"horizonrl: {error}", file=sys.stderr)
             return 1
         except (TrainingStopped, StoppedBeforeCheckpoint) as stopped:   # a signal: the run stopped (and saved)

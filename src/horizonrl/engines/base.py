@@ -135,6 +135,15 @@ def _prompt_digest(prompt_ids: list[int]) -> bytes:
     return hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
 
 
+def finish_reason(reason: str | None, request: str) -> str:
+    """Our Generation's finish reason for vLLM's (or an OpenAI-compatible server's): "stop" (a stop id) or
+    "length" (max_tokens or max_model_len reached). Any other ("abort", "error") ended a response that is
+    not whole: a RuntimeError naming `request`, which `generate_with_retry` retries."""
+    if reason not in ("stop", "length"):
+        raise RuntimeError(f"{request}: a response ended by {reason!r}, not by a stop or its length: it is not whole")
+    return reason
+
+
 def check_grammar(params: SamplingParams) -> None:
     """ValueError for a grammar without stop ids: a stop id is what ends a complete constrained response."""
     if params.grammar is not None and not params.stop_ids:

@@ -23,7 +23,7 @@ can serve `eval` but not `train`: the engine refuses it at start. One without th
 2025-11 there was none) trains synchronously only, where no request runs at a sync: it reloads and resets its
 prefix cache without a pause. Asynchronous training (`updates_in_flight`) refuses such a server at start.
 A response that ended otherwise than by a stop or its length (vLLM's "abort") is not a whole response: a
-RuntimeError, retried (`finish_reason`, engines/vllm_engine.py, as for the in-process vLLM engine).
+RuntimeError, retried (`finish_reason`, engines/base.py, as for the in-process vLLM engine).
 
 Failures: a refused or dropped connection, a timeout or a 5xx answer is an OSError / RuntimeError,
 which `generate_with_retry` retries with back-off and then stops the run with an EngineError; every
@@ -38,9 +38,9 @@ from pathlib import Path
 
 import httpx
 
-from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, cut_at_stop_pattern
+from horizonrl.engines.base import (Generation, RequestSeeds, SamplingParams, check_grammar, cut_at_stop_pattern,
+                                    finish_reason)
 from horizonrl.engines.retry import EngineError
-from horizonrl.engines.vllm_engine import finish_reason
 from horizonrl.engines.weights import write_untied
 
 

@@ -25,7 +25,8 @@ xgrammar backend lets a special token spell its text inside a JSON string). Each
 from `RequestSeeds`, so the same requests sample the same tokens alone or batched, in any order of arrival.
 Stop ids end a response (kept in it, EOS only when it is a stop id); stop patterns are checked once the
 response ends (`cut_at_stop_pattern`). A response vLLM ended otherwise than by a stop or its length ("abort",
-"error") is not whole: its request fails with a RuntimeError (`finish_reason`, shared with the openai engine).
+"error") is not whole: its request fails with a RuntimeError (`finish_reason`, engines/base.py, shared with the
+openai engine).
 
 vLLM starts its engine core in a spawned process: a script that builds this engine at import time
 needs the `if __name__ == "__main__":` guard.
@@ -44,7 +45,8 @@ from pathlib import Path
 import torch
 
 from horizonrl.config import ConfigError
-from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, cut_at_stop_pattern, settle
+from horizonrl.engines.base import (Generation, RequestSeeds, SamplingParams, check_grammar, cut_at_stop_pattern,
+                                    finish_reason, settle)
 from horizonrl.engines.retry import EngineError
 from horizonrl.engines.weights import remove_weights, write_untied
 
@@ -263,15 +265,6 @@ def refusal_message(request_id: str, prompt_len: int, max_model_len: int, error:
                 f"response needs at least one token): {error}; raise rollout.vllm.max_model_len (up to the model's "
                 "max_position_embeddings) or send shorter prompts")
     return f"vLLM refused request {request_id} (a {prompt_len}-token prompt, within max_model_len): {error}"
-
-
-def finish_reason(reason: str | None, request: str) -> str:
-    """Our Generation's finish reason for vLLM's (or an OpenAI-compatible server's): "stop" (a stop id) or
-    "length" (max_tokens or max_model_len reached). Any other ("abort", "error") ended a response that is
-    not whole: a RuntimeError naming `request`, which `generate_with_retry` retries."""
-    if reason not in ("stop", "length"):
-        raise RuntimeError(f"{request}: a response ended by {reason!r}, not by a stop or its length: it is not whole")
-    return reason
 
 
 def _generation(output, weights_version: int) -> Generation:
