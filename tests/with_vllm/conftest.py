@@ -1,5 +1,12 @@
+import os
+
 import pytest
 import torch
+
+# This suite runs beside the main suite's two workers (.ci/run). vLLM's CPU engine would bind an OpenMP thread
+# to each core and spin there, taking the cores from those workers; one unbound thread per engine shares them.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="module")
