@@ -1,6 +1,7 @@
 """The learning table: algorithms compared by held-out success after equal budgets, over seeds; prints one JSON object.
 
     python benchmarks/learning.py --suite toy [--algorithms ppo,grpo,gigpo] [--seeds 0,1,2] [--jobs 2]
+    python benchmarks/learning.py --suite babyai --algorithms ppo --seeds 0-7 --jobs 2   # the default job's spread
     python benchmarks/learning.py --suite babyai [--env-steps N] [--wall-clock-s S] [--episodes 64] [--out DIR]
     python benchmarks/learning.py --suite toy --algorithms ppo,grpo --seeds 0 --iterations 2 --episodes 4 --jobs 2
     python benchmarks/learning.py --suite toy --set rollout.async_training.max_staleness=1 --set actor.tis_cap=2
@@ -12,9 +13,10 @@ same for every run; --iterations K replaces it, for smoke tests); then `horizonr
 and of its initial policy (RUN/init), --episodes held-out episodes per task, greedy and sampled.
 
 Written under --out (default runs/learning-<suite>): runs/ (the run folders), logs/<cell>.log (the subprocesses'
-output), cells/<cell>.json (a finished cell: its training curve, final and initial held-out success; a cell whose
-JSON exists is not run again, and a run folder without one is resumed from its last checkpoint, or started afresh if
-it saved none), learning.json (every cell and the aggregate over seeds), learning.md (the table) and learning.svg
+output), cells/<cell>.json (a finished cell: its training and diagnostic curves, its final and initial held-out
+success and the failure types of the failed held-out episodes; a cell whose JSON exists is not run again, and a run
+folder without one is resumed from its last checkpoint, or started afresh if it saved none), learning.json (every
+cell and the aggregate over seeds), learning.md (the table over seeds, then one row per seed) and learning.svg
 (training success vs env steps per task: the mean over seeds of each algorithm, and its min-max band). The printed
 JSON is the aggregate.
 """
@@ -110,12 +112,16 @@ def run_cell(suite: str, algorithm: str, seed: int, args) -> dict:
     tasks = list(evals["checkpoint"]["modes"]["greedy"]["envs"])
     success = {which: {mode: {task: e["modes"][mode]["envs"][task]["success_rate"] for task in tasks}
                        for mode in MODES} for which, e in evals.items()}
+    failures = {which: {mode: {task: e["modes"][mode]["envs"][task]["failures"] for task in tasks} for mode in MODES}
+                for which, e in evals.items()}
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     curve = training_curve(records, tasks)
     cell = {"cell": name, "suite": suite, "algorithm": algorithm, "seed": seed, "run_dir": str(run_dir),
             "overrides": overrides, "episodes": args.episodes, "tasks": tasks, "iterations": records[-1]["iteration"],
             "env_steps": curve["env_steps"][-1], "wall_clock_s": curve["wall_clock_s"][-1],
-            "final": success["checkpoint"], "init": success["init"], "curve": curve}
+            "final": success["checkpoint"], "init": success["init"],
+            "failures": {"final": failures["checkpoint"], "init": failures["init"]}, "curve": curve,
+            "diagnostics": diagnostic_curves(records, tasks)}
     cell_file.parent.mkdir(parents=True, exist_ok=True)
     cell_file.with_suffix(".tmp").write_text(json.dumps(cell, indent=1) + "\n")
     cell_file.with_suffix(".tmp").replace(cell_file)
@@ -139,6 +145,31 @@ def training_curve(records: list[dict], tasks: list[str]) -> dict:
             key = "env/success_rate" if len(tasks) == 1 else f"env/{task}/success_rate"
             curve["success_rate"][task].append(record.get(key))
     return curve
+
+
+# metrics.jsonl keys whose curves a cell keeps beside its success (what may separate a seed that fails from one
+# that learns): the policy's entropy, its KL to the sampling policy and to the reference, the critic's explained
+# variance (PPO; absent for the group algorithms)
+DIAGNOSTICS = ("train/actor/entropy", "train/actor/approx_kl", "train/kl_ref", "train/critic/explained_variance")
+
+
+def diagnostic_curves(records: list[dict], tasks: list[str]) -> dict:
+    """Per iteration record: each DIAGNOSTICS key's value (None where the record lacks it) and, per task, the
+    episodes that finished (`env/<task>/episodes` with several tasks, `env/episodes` with one; None where absent)."""
+    curves = {key: [record.get(key) for record in records] for key in DIAGNOSTICS}
+    for task in tasks:
+        key = "env/episodes" if len(tasks) == 1 else f"env/{task}/episodes"
+        curves[f"episodes/{task}"] = [record.get(key) for record in records]
+    return curves
+
+
+def parse_seeds(text: str) -> list[int]:
+    """Seeds from "0,1,2", "0-7" or "0-3,8": comma-separated seeds and inclusive ranges."""
+    seeds = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        seeds += range(int(first), int(last or first) + 1)
+    return seeds
 
 
 def spread(values: list[float]) -> dict:
@@ -179,6 +210,21 @@ def markdown_table(by_algorithm: dict, episodes: int) -> str:
         cells += [f"{a[key]['mean']:.0f} [{a[key]['min']:.0f}, {a[key]['max']:.0f}]"
                   for key in ("env_steps", "wall_clock_s", "iterations")]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def seed_table(cells: list[dict]) -> str:
+    """One row per cell (algorithm, seed): its held-out success per task, greedy and sampled, and the failure types
+    of its failed greedy episodes per task (FAILURE_TYPES order: invalid output / loop / time-out / other)."""
+    tasks = cells[0]["tasks"]
+    header = ["algorithm", "seed", *(f"{task} {mode}" for task in tasks for mode in MODES),
+              *(f"{task} greedy failures" for task in tasks)]
+    lines = ["Per seed: held-out success; greedy failures as invalid output / loop / time-out / other.", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in sorted(cells, key=lambda c: (c["algorithm"], c["seed"])):
+        row = [c["algorithm"], str(c["seed"]), *(f"{c['final'][mode][task]:.3f}" for task in tasks for mode in MODES)]
+        row += [" / ".join(str(n) for n in c["failures"]["final"]["greedy"][task].values()) for task in tasks]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -233,7 +279,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--suite", choices=SUITES, default="toy")
     parser.add_argument("--algorithms", default="ppo,grpo,gigpo")
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", default="0,1,2", help="e.g. 0,1,2 or 0-7 (see parse_seeds)")
     parser.add_argument("--env-steps", type=int, help="budget of every run (default: the suite's, SUITES)")
     parser.add_argument("--wall-clock-s", type=float, help="budget of every run (default: the suite's, SUITES)")
     parser.add_argument("--iterations", type=int, help="train this many iterations instead of the budget (smoke tests)")
@@ -248,7 +294,7 @@ def main() -> int:
     args.env_steps = args.env_steps or SUITES[args.suite]["env_steps"]
     args.wall_clock_s = args.wall_clock_s or SUITES[args.suite]["wall_clock_s"]
     args.out = (args.out or Path(f"runs/learning-{args.suite}")).resolve()
-    algorithms, seeds = args.algorithms.split(","), [int(s) for s in args.seeds.split(",")]
+    algorithms, seeds = args.algorithms.split(","), parse_seeds(args.seeds)
     for done in sorted((args.out / "cells").glob("*.json")):   # one table: every cell with the same settings
         cell = json.loads(done.read_text())
         expected = cell_overrides(cell["suite"], cell["algorithm"], cell["seed"], args)
@@ -276,7 +322,8 @@ def main() -> int:
               "algorithms": aggregate(cells, algorithms)}
     (args.out / "learning.json").write_text(json.dumps({**result, "cells": cells}, indent=1) + "\n")
     if cells:
-        (args.out / "learning.md").write_text(markdown_table(result["algorithms"], args.episodes))
+        (args.out / "learning.md").write_text(markdown_table(result["algorithms"], args.episodes) + "\n"
+                                              + seed_table(cells))
     if cells and args.plot:
         (args.out / "learning.svg").write_text(svg_plot(cells, algorithms))
     print(json.dumps(result, indent=1))

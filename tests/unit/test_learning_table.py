@@ -108,3 +108,31 @@ def test_set_overrides_every_cell():
     assert learning.cell_overrides("toy", "ppo", 1, args) == [
         "seed=1", "algorithm=ppo", "name=toy-ppo-seed1", "rollout.async_training.max_staleness=1", "actor.tis_cap=2",
         "iterations=2"]
+
+
+@pytest.mark.parametrize("text, seeds", [("0,1,2", [0, 1, 2]), ("0-7", list(range(8))), ("0-2,5", [0, 1, 2, 5]),
+                                         ("4", [4])])
+def test_seeds_are_lists_and_inclusive_ranges(text, seeds):
+    assert learning.parse_seeds(text) == seeds
+
+
+def test_diagnostic_curves_keep_missing_values_as_none():
+    records = [{"iteration": 0, "env/episodes": 9, "env/babyai/goto/episodes": 5, "env/babyai/pickup/episodes": 4,
+                "train/critic/explained_variance": 0.1},
+               {"iteration": 1, "env/episodes": 3, "env/babyai/goto/episodes": 3, "train/actor/entropy": 0.5,
+                "train/actor/approx_kl": 0.01, "train/kl_ref": 0.02, "train/critic/explained_variance": 0.4}]
+    assert learning.diagnostic_curves(records, ["babyai/goto", "babyai/pickup"]) == {
+        "train/actor/entropy": [None, 0.5], "train/actor/approx_kl": [None, 0.01], "train/kl_ref": [None, 0.02],
+        "train/critic/explained_variance": [0.1, 0.4],
+        "episodes/babyai/goto": [5, 3], "episodes/babyai/pickup": [4, None]}
+    assert learning.diagnostic_curves(records, ["river"])["episodes/river"] == [9, 3]
+
+
+def test_seed_table_gives_each_seed_its_success_and_greedy_failures():
+    failures = {"greedy": {"river": {"invalid_output": 0, "loop": 3, "time_out": 1, "other": 0}}}
+    cells = [{**cell("ppo", 1, 0.75, 0.5, 0.0, 1.0), "failures": {"final": failures}},
+             {**cell("ppo", 0, 1.0, 0.25, 0.0, 1.0),
+              "failures": {"final": {"greedy": {"river": dict.fromkeys(failures["greedy"]["river"], 0)}}}}]
+    assert learning.seed_table(cells).splitlines()[2:] == [
+        "| algorithm | seed | river greedy | river sampled | river greedy failures |", "|---|---|---|---|---|",
+        "| ppo | 0 | 1.000 | 0.250 | 0 / 0 / 0 / 0 |", "| ppo | 1 | 0.750 | 0.500 | 0 / 3 / 1 / 0 |"]

@@ -136,6 +136,7 @@ def test_episode_metrics_reduced_over_ranks_are_those_of_the_pooled_episodes():
         "env/episodes": 3, "env/success_rate": 2 / 3, "env/episode_return": 0.5 / 3, "env/episode_length": 2.0,
         "env/errored_episodes": 1, "env/turns": 8, "env/valid_action_ratio": 3 / 8,
         "env/dist": 2.0, "env/keys": 1.0, "env/goto/success_rate": 1.0, "env/pickup/success_rate": 0.0,
+        "env/goto/episodes": 2, "env/pickup/episodes": 1,
         "env/invalid_output_examples": ["go nowhere", "x" * 80, "third"],
         "rollout/response_length": 2.0, "rollout/prompt_length": 6.5, "rollout/truncated_responses": 1,
         "rollout/engine_retries": 2, "rollout/tool_call_parse_failures": 1, "rollout/tool_calls": 3,

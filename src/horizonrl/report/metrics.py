@@ -66,15 +66,19 @@ class EpisodeTotals:
         return out
 
     def metrics(self) -> dict[str, float]:
-        """The record's episode statistics: tool statistics only when some turn called a tool, success per
-        task only when the finished episodes span several tasks."""
+        """The record's episode statistics: tool statistics only when some turn called a tool, success and
+        finished episodes per task only when the finished episodes span several tasks."""
         tools, tasks = self.of_kind("tool"), self.of_kind("task")
         if tools.get("rollout/tool_calls"):
             errors = {f"rollout/tool_errors/{kind}": n for kind, n in self.of_kind("tool_error").items()}
             tools.update({"rollout/tool_errors": sum(errors.values()), **errors})
         else:
             tools = {}
-        per_task = {f"env/{task}/success_rate": rate for task, rate in sorted(tasks.items())} if len(tasks) > 1 else {}
+        per_task = {}
+        if len(tasks) > 1:
+            for task, rate in sorted(tasks.items()):
+                per_task[f"env/{task}/success_rate"] = rate
+                per_task[f"env/{task}/episodes"] = int(self.counts[("task", task)])
         return {**self.of_kind("step"), **self.of_kind("episode"), "env/invalid_output_examples": self.invalid_outputs,
                 **tools, **per_task}
 
