@@ -9,8 +9,9 @@
 A cell is (suite, algorithm, seed). It is three subprocesses, each with OMP_NUM_THREADS=1, at most --jobs cells at
 once: `horizonrl train RECIPE seed=S algorithm=A ...` (the suite's recipe as it is; the group algorithms get the
 suite's GROUP settings), stopped by the budget, budget.env_steps or budget.wall_clock_s, whichever comes first (the
-same for every run; --iterations K replaces it, for smoke tests); then `horizonrl eval` of the run's final checkpoint
-and of its initial policy (RUN/init), --episodes held-out episodes per task, greedy and sampled.
+same for every run; --iterations K replaces it, for smoke tests); then `horizonrl eval` of the run's final checkpoint,
+of its initial policy (RUN/init) and, when its validation kept one (`--set validation.every=5`), of the best
+policy on the validation seeds (RUN/best), --episodes held-out episodes per task, greedy and sampled.
 
 Written under --out (default runs/learning-<suite>): runs/ (the run folders), logs/<cell>.log (the subprocesses'
 output), cells/<cell>.json (a finished cell: its training and diagnostic curves, its final and initial held-out
@@ -106,9 +107,10 @@ def run_cell(suite: str, algorithm: str, seed: int, args) -> dict:
         horizonrl("train", "--quiet", str(recipe), *overrides, f"output_dir={args.out / 'runs'}")
         runs = sorted((args.out / "runs").glob(f"{name}-*"))
     run_dir = runs[-1]
-    for target in (run_dir, run_dir / "init"):
-        horizonrl("eval", str(target), "--episodes", str(args.episodes))
-    evals = {which: json.loads((run_dir / f"eval-{which}.json").read_text()) for which in ("checkpoint", "init")}
+    kept = ["checkpoint", "init"] + (["best"] if (run_dir / "best").is_dir() else [])
+    for which in kept:
+        horizonrl("eval", str(run_dir / which), "--episodes", str(args.episodes))
+    evals = {which: json.loads((run_dir / f"eval-{which}.json").read_text()) for which in kept}
     tasks = list(evals["checkpoint"]["modes"]["greedy"]["envs"])
     success = {which: {mode: {task: e["modes"][mode]["envs"][task]["success_rate"] for task in tasks}
                        for mode in MODES} for which, e in evals.items()}
@@ -119,9 +121,9 @@ def run_cell(suite: str, algorithm: str, seed: int, args) -> dict:
     cell = {"cell": name, "suite": suite, "algorithm": algorithm, "seed": seed, "run_dir": str(run_dir),
             "overrides": overrides, "episodes": args.episodes, "tasks": tasks, "iterations": records[-1]["iteration"],
             "env_steps": curve["env_steps"][-1], "wall_clock_s": curve["wall_clock_s"][-1],
-            "final": success["checkpoint"], "init": success["init"],
-            "failures": {"final": failures["checkpoint"], "init": failures["init"]}, "curve": curve,
-            "diagnostics": diagnostic_curves(records, tasks)}
+            "final": success["checkpoint"], "init": success["init"], "best": success.get("best"),
+            "failures": {"final": failures["checkpoint"], "init": failures["init"], "best": failures.get("best")},
+            "curve": curve, "diagnostics": diagnostic_curves(records, tasks), "validation": validations(run_dir)}
     cell_file.parent.mkdir(parents=True, exist_ok=True)
     cell_file.with_suffix(".tmp").write_text(json.dumps(cell, indent=1) + "\n")
     cell_file.with_suffix(".tmp").replace(cell_file)
@@ -161,6 +163,15 @@ def diagnostic_curves(records: list[dict], tasks: list[str]) -> dict:
         key = "env/episodes" if len(tasks) == 1 else f"env/{task}/episodes"
         curves[f"episodes/{task}"] = [record.get(key) for record in records]
     return curves
+
+
+def validations(run_dir: Path) -> list[dict]:
+    """The run's validations (RUN/validation.jsonl, train/validation.py): iteration, greedy success per task and
+    their mean, whether it was the best so far; [] for a run without validation."""
+    path = run_dir / "validation.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return [{"iteration": v["iteration"], "success_rate": v["success_rate"], "best": v["best"],
+             "envs": {task: r["success_rate"] for task, r in v["envs"].items()}} for v in lines]
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -218,12 +229,14 @@ def seed_table(cells: list[dict]) -> str:
     of its failed greedy episodes per task (FAILURE_TYPES order: invalid output / loop / time-out / other)."""
     tasks = cells[0]["tasks"]
     header = ["algorithm", "seed", *(f"{task} {mode}" for task in tasks for mode in MODES),
-              *(f"{task} greedy failures" for task in tasks)]
-    lines = ["Per seed: held-out success; greedy failures as invalid output / loop / time-out / other.", "",
+              *(f"{task} greedy failures" for task in tasks), *(f"{task} greedy, best/" for task in tasks)]
+    lines = ["Per seed: held-out success of the final policy; its greedy failures as invalid output / loop / time-out "
+             "/ other; the greedy success of the policy its validation kept (best/; - without validation).", "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in sorted(cells, key=lambda c: (c["algorithm"], c["seed"])):
         row = [c["algorithm"], str(c["seed"]), *(f"{c['final'][mode][task]:.3f}" for task in tasks for mode in MODES)]
         row += [" / ".join(str(n) for n in c["failures"]["final"]["greedy"][task].values()) for task in tasks]
+        row += [f"{c['best']['greedy'][task]:.3f}" if c["best"] else "-" for task in tasks]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 

@@ -492,6 +492,16 @@ class BudgetConfig(Section):
     wall_clock_s: float | None = Field(None, gt=0, description="seconds of iterations, over every resume")
 
 
+class ValidationConfig(Section):
+    """Greedy episodes on the validation seeds every `every` iterations and after the last; the best policy so
+    far is kept as RUN/best/, the one `horizonrl eval RUN` evaluates (train/validation.py). One process, env
+    episodes only."""
+
+    every: int = Field(10, gt=0, description="iterations between validations (iteration 0 too: the initial policy)")
+    episodes: int = Field(32, gt=0, description="greedy episodes per env id, on seeds apart from the training and "
+                                                "the held-out seeds (rollout/seeds.py)")
+
+
 class TrainConfig(Section):
     name: str = "toy"
     seed: int = Field(0, ge=0, description="env seeds count up from seed * 1_000_003 (rollout/seeds.py)")
@@ -527,6 +537,8 @@ class TrainConfig(Section):
     sft: SFTConfig = SFTConfig()
     report_to: list[Literal[SINKS]] = Field(["jsonl"], description="metrics sinks; jsonl is always written")
     dist: DistConfig = DistConfig()
+    validation: ValidationConfig | None = Field(None, description="select the policy the run keeps on validation "
+                                                                  "seeds; null: the last iteration's")
 
     def sample_options(self, run_dir: Path) -> dict:
         """The keyword arguments of train.batch.prepare that choose per-turn or merged rows."""
@@ -542,6 +554,8 @@ class TrainConfig(Section):
         if self.task is None and self.algorithm != "ppo" and self.rollout.n_env < len(self.env.ids):
             raise InvalidKey("rollout.n_env", f"{self.rollout.n_env} env handles cannot play each of the "
                                               f"{len(self.env.ids)} env ids")
+        if self.task is not None and self.validation is not None:
+            raise InvalidKey("validation", "plays env episodes; an agent-loop task run (task:) has none to play")
         if self.task is not None and self.model.path is None and self.task.teacher is None:
             raise InvalidKey("task.teacher", "is needed to build a tiny model for a task (or set model.path)")
         return self

@@ -3,7 +3,8 @@ Verlog's diagnostics per env (success rate, episode length and return, valid-act
 types: report/diagnostics.py).
 
 What is evaluated, and with which settings:
-- a run folder (config.yaml + checkpoint/): its final checkpoint;
+- a run folder (config.yaml + checkpoint/): the policy the run kept: best/ when its validation chose one
+  (train/validation.py), else its final checkpoint/;
 - a folder in a run (RUN/checkpoint, RUN/init): that checkpoint. RUN/init is the run's initial policy:
   the warm-started tiny model the run saved there, or, for a run that loaded `model.path`, that model;
 - with a run, its config.yaml gives the env (id and kwargs; `--env` may name others, built with their
@@ -35,10 +36,10 @@ from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import precision, resolve_device
 from horizonrl.learner.models import BUILTIN, load_policy, resolve_model_path
 from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary
-from horizonrl.rollout.episode_groups import EnvEpisodes
-from horizonrl.rollout.groups import GroupCollector
+from horizonrl.rollout.episode_groups import play_seeds
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.rollout.seeds import HELD_OUT_START, SEED_BLOCK, held_out_seeds, max_training_episodes
+from horizonrl.train.validation import BEST
 
 log = logging.getLogger(__name__)
 MODES = ("greedy", "sampled")
@@ -46,13 +47,15 @@ ENGINE_KEYS = ("rollout.engine=", "rollout.vllm.", "rollout.openai.", "precision
 
 
 def resolve_target(target: str | Path) -> tuple[Path, Path | None]:
-    """(checkpoint folder, the run's config.yaml or None); a run folder stands for its checkpoint/, a
-    model name (`builtin:NAME`, a .gguf file) for its folder (learner/models.resolve_model_path)."""
+    """(checkpoint folder, the run's config.yaml or None); a run folder stands for its best/ (kept by its
+    validation) or else its checkpoint/, a model name (`builtin:NAME`, a .gguf file) for its folder
+    (learner/models.resolve_model_path)."""
     if is_model_name(target):
         return Path(resolve_model_path(str(target))), None
     checkpoint = Path(target).resolve()
     if (checkpoint / "config.yaml").is_file():
-        checkpoint = checkpoint / "checkpoint"
+        best = checkpoint / BEST
+        checkpoint = best if (best / "config.json").is_file() else checkpoint / "checkpoint"
     run_config = checkpoint.parent / "config.yaml"
     return checkpoint, run_config if run_config.is_file() else None
 
@@ -110,10 +113,8 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
             try:
                 for mode in modes:
                     params = sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode])
-                    collector = GroupCollector(EnvEpisodes(envs, [env_id], agent, engine, params, max_steps),
-                                               n_tasks=len(seeds), group_size=1)
                     started = time.perf_counter()
-                    summary = episode_summary(collector.collect_seeds(seeds))
+                    summary = episode_summary(play_seeds(envs, env_id, agent, engine, params, seeds, max_steps))
                     summary["seconds"] = time.perf_counter() - started
                     results["modes"][mode]["envs"][env_id] = summary
                     log.info("%s %s: %d episodes in %.1f s", mode, env_id, summary["episodes"], summary["seconds"])

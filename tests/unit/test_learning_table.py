@@ -2,6 +2,7 @@
 metrics records, the aggregate over seeds, the markdown table, the plotted band and a cell's overrides."""
 
 import importlib.util
+import json
 from argparse import Namespace
 from pathlib import Path
 
@@ -130,9 +131,20 @@ def test_diagnostic_curves_keep_missing_values_as_none():
 
 def test_seed_table_gives_each_seed_its_success_and_greedy_failures():
     failures = {"greedy": {"river": {"invalid_output": 0, "loop": 3, "time_out": 1, "other": 0}}}
-    cells = [{**cell("ppo", 1, 0.75, 0.5, 0.0, 1.0), "failures": {"final": failures}},
-             {**cell("ppo", 0, 1.0, 0.25, 0.0, 1.0),
+    cells = [{**cell("ppo", 1, 0.75, 0.5, 0.0, 1.0), "failures": {"final": failures},
+              "best": {"greedy": {"river": 0.875}}},
+             {**cell("ppo", 0, 1.0, 0.25, 0.0, 1.0), "best": None,
               "failures": {"final": {"greedy": {"river": dict.fromkeys(failures["greedy"]["river"], 0)}}}}]
     assert learning.seed_table(cells).splitlines()[2:] == [
-        "| algorithm | seed | river greedy | river sampled | river greedy failures |", "|---|---|---|---|---|",
-        "| ppo | 0 | 1.000 | 0.250 | 0 / 0 / 0 / 0 |", "| ppo | 1 | 0.750 | 0.500 | 0 / 3 / 1 / 0 |"]
+        "| algorithm | seed | river greedy | river sampled | river greedy failures | river greedy, best/ |",
+        "|---|---|---|---|---|---|",
+        "| ppo | 0 | 1.000 | 0.250 | 0 / 0 / 0 / 0 | - |", "| ppo | 1 | 0.750 | 0.500 | 0 / 3 / 1 / 0 | 0.875 |"]
+
+
+def test_validations_of_a_run(tmp_path):
+    assert learning.validations(tmp_path) == []
+    line = {"iteration": 5, "success_rate": 0.5, "best": True,
+            "envs": {"river": {"success_rate": 0.5, "failures": {"loop": 1}}}}
+    (tmp_path / "validation.jsonl").write_text(json.dumps(line) + "\n")
+    assert learning.validations(tmp_path) == [{"iteration": 5, "success_rate": 0.5, "best": True,
+                                                "envs": {"river": 0.5}}]

@@ -12,8 +12,8 @@ from horizonrl.envs.pool import open_envs
 from horizonrl.rollout.episode_groups import EnvEpisodes
 from horizonrl.rollout.groups import GroupCollector
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
-from horizonrl.rollout.seeds import (HELD_OUT_COUNT, HELD_OUT_START, SEED_BLOCK, first_training_seed, held_out_seeds,
-                                     max_training_episodes)
+from horizonrl.rollout.seeds import (HELD_OUT_COUNT, HELD_OUT_START, SEED_BLOCK, VALIDATION_COUNT, VALIDATION_START,
+                                     first_training_seed, held_out_seeds, max_training_episodes, validation_seeds)
 
 HELD_OUT = range(HELD_OUT_START, HELD_OUT_START + HELD_OUT_COUNT)
 RECIPES = Path(__file__).resolve().parents[2] / "configs"
@@ -29,6 +29,19 @@ def test_held_out_seeds_are_one_fixed_range():
     for n in (0, HELD_OUT_COUNT + 1):
         with pytest.raises(ValueError, match="episodes must be between 1 and"):
             held_out_seeds(n)
+
+
+def test_validation_seeds_meet_neither_the_held_out_range_nor_a_training_seed():
+    """Validation seeds lie above the held-out range, within block 0 (below SEED_BLOCK, where block 1 starts),
+    at offsets j >= HELD_OUT_START that no evaluable run trains on (`check_evaluable` refuses the others)."""
+    validation = range(VALIDATION_START, VALIDATION_START + VALIDATION_COUNT)
+    assert validation_seeds(2) == [600_100, 600_101] and validation_seeds(VALIDATION_COUNT)[-1] == validation.stop - 1
+    assert not overlaps(validation, HELD_OUT) and HELD_OUT_START <= validation.start and validation.stop <= SEED_BLOCK
+    for s in range(20_000):   # the tokenizer corpus seeds
+        assert not overlaps(range(s * 100_003, s * 100_003 + 64), validation), s
+    for n in (0, VALIDATION_COUNT + 1):
+        with pytest.raises(ValueError, match="validation episodes must be between 1 and"):
+            validation_seeds(n)
 
 
 def test_the_training_rule_never_meets_the_held_out_range():

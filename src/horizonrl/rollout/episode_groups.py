@@ -26,6 +26,7 @@ from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
 from horizonrl.records import Episode
+from horizonrl.rollout.groups import GroupCollector
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 from horizonrl.tools.registry import import_target
 
@@ -44,6 +45,14 @@ def load_reward_fn(path: str | None) -> RewardFn:
         return import_target(path)
     except ValueError as error:
         raise ValueError(f"reward function {path!r} cannot be loaded: {error}") from None
+
+
+def play_seeds(envs: list, env_id: str, agent: Agent, engine: Engine, params: SamplingParams, seeds: list[int],
+               max_turns: int | None) -> list[Episode]:
+    """One whole episode of `env_id` at each of `seeds` (held-out or validation seeds), on the handles `envs`;
+    no training seed counter moves."""
+    return GroupCollector(EnvEpisodes(envs, [env_id], agent, engine, params, max_turns), n_tasks=len(seeds),
+                          group_size=1).collect_seeds(seeds)
 
 
 class EnvEpisodes:

@@ -13,6 +13,11 @@ They lie in block 0 at offsets >= 500_100, so r*B + j is one of them only if r =
 no run whose collectors each started at most HELD_OUT_START episodes (`max_training_episodes`) ever
 trained on one. Verlog's BabyAI run starts at most 32 x 8 x (300 + 40) = 87_040. The tokenizer's
 seeds near the range, 500_015..500_078 and 600_018..600_081, fall outside it.
+
+Validation. A run's validation (train/validation.py, which picks the policy a run keeps) plays seeds
+VALIDATION_START + i, i < VALIDATION_COUNT, i.e. [600_100, 700_000): above the held-out range, in block 0 at
+offsets no run that may be evaluated trains on (so what validation selects is not fitted to the held-out
+seeds), between the tokenizer's seeds 600_018..600_081 and 700_021..700_084.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from horizonrl.config import TrainConfig
 SEED_BLOCK = 1_000_003
 HELD_OUT_START = 500_100
 HELD_OUT_COUNT = 99_900
+VALIDATION_START = 600_100
+VALIDATION_COUNT = 99_900
 
 
 def first_training_seed(seed: int) -> int:
@@ -34,6 +41,13 @@ def held_out_seeds(n: int) -> list[int]:
     if not 0 < n <= HELD_OUT_COUNT:
         raise ValueError(f"episodes must be between 1 and {HELD_OUT_COUNT}, got {n}")
     return list(range(HELD_OUT_START, HELD_OUT_START + n))
+
+
+def validation_seeds(n: int) -> list[int]:
+    """The first `n` validation seeds."""
+    if not 0 < n <= VALIDATION_COUNT:
+        raise ValueError(f"validation episodes must be between 1 and {VALIDATION_COUNT}, got {n}")
+    return list(range(VALIDATION_START, VALIDATION_START + n))
 
 
 def max_training_episodes(cfg: TrainConfig) -> int:

@@ -20,6 +20,8 @@ SIGINT/SIGTERM asks the run to stop, the whole training state is saved in checkp
 first checkpoint (the warm start, the critic warmup) ends the run within seconds, with nothing saved
 (StoppedBeforeCheckpoint). An iteration in which every rollout failed ends the run with RolloutsFailed,
 naming the causes; nothing is saved on the way out, so the last checkpoint stays the last good one.
+With `validation` set, the iterations it names end with greedy episodes on validation seeds, and the best
+policy so far is kept as best/ (train/validation.py).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from horizonrl.train.collectors import run_envs
 from horizonrl.train.context import RunContext, start_run
 from horizonrl.train.producer_process import ProducerProcess
 from horizonrl.train.sync_check import EngineOutOfSync, SyncCheck
+from horizonrl.train.validation import Validation
 from horizonrl.train.warmup import critic_warmup
 
 log = logging.getLogger(__name__)
@@ -102,6 +105,9 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
     """Every rank needs a share of the streams (and of the tasks), and mini-batches that split evenly."""
     if world_size == 1:
         return
+    if cfg.validation is not None:
+        raise ConfigError("validation: plays the policy in one process (a sharded actor needs every rank to "
+                          "generate); set it to null under torchrun")
     if cfg.rollout.engine == "openai":
         raise ConfigError("rollout.engine: openai under torchrun would have every rank reload one server's "
                           "weights; use hf or vllm (an engine per rank)")
@@ -123,6 +129,7 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
     cfg = ctx.cfg
     iterate = ppo_iteration if cfg.algorithm == "ppo" else group_iteration
     sync_check = SyncCheck(served_by(cfg), **cfg.rollout.sync_check.model_dump())
+    validation = Validation(cfg, ctx.run_dir, ctx.first_iteration) if cfg.validation is not None else None
     bar = tqdm(range(ctx.first_iteration, cfg.iterations + 1), desc=cfg.name, disable=not progress,
                dynamic_ncols=True)
     for i in bar:
@@ -135,8 +142,11 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
         except EngineOutOfSync as out_of_sync:
             raise EngineOutOfSync(f"{out_of_sync}\n{what_is_kept(ctx)}") from None
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
-        if ctx.checkpointer.iteration_done(i):
-            break                                               # the budget is spent
+        budget_spent = ctx.checkpointer.iteration_done(i)
+        if validation is not None and validation.due(i, last=budget_spent or i == cfg.iterations):
+            validation.run(i, ctx.actor, ctx.tokenizer, ctx.device)
+        if budget_spent:
+            break
 
 
 def served_by(cfg: TrainConfig) -> str:

@@ -1,0 +1,51 @@
+"""A run with validation (train/validation.py): the default job, shortened, validates at iterations 0, 2 and
+3 (the last), keeps the best policy as best/, trains exactly as without validation, and `horizonrl eval RUN`
+evaluates best/."""
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from horizonrl.cli import main
+from horizonrl.report.metrics import read_metrics
+
+SHORT = ["iterations=3", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=16", "critic.warmup_batches=1",
+         "critic.warmup_iters=1", "save_every=0"]
+TASKS = ["babyai/goto", "babyai/pickup"]
+# the engine's log-probs of one run differ from another's in the last bits (threads); nothing else may differ
+VARIES = ("timing/", "perf/", "progress/wall_clock_s", "rollout/logprob_abs_diff")
+
+
+def train(tmp_path, name: str, *overrides: str):
+    assert main(["train", *SHORT, *overrides, f"output_dir={tmp_path / name}", "--quiet"]) == 0
+    (run,) = (tmp_path / name).iterdir()
+    return run
+
+
+def test_validation_keeps_the_best_policy_without_changing_the_training(tmp_path, capsys):
+    plain = train(tmp_path, "plain")
+    run = train(tmp_path, "validated", "validation.every=2", "validation.episodes=3")
+
+    lines = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
+    assert [line["iteration"] for line in lines] == [0, 2, 3]
+    best_so_far = -1.0
+    for line in lines:
+        assert list(line["envs"]) == TASKS
+        rates = [line["envs"][task]["success_rate"] for task in TASKS]
+        assert line["success_rate"] == sum(rates) / 2
+        assert all(sum(line["envs"][task]["failures"].values()) == round(3 * (1 - rate))
+                   for task, rate in zip(TASKS, rates))
+        assert line["best"] == (line["success_rate"] >= best_so_far)   # a tie goes to the later iteration
+        best_so_far = max(best_so_far, line["success_rate"])
+    best, final = (load_file(run / folder / "model.safetensors") for folder in ("best", "checkpoint"))
+    assert all(torch.equal(best[name], final[name]) for name in final) == lines[-1]["best"]
+
+    for validated, alone in zip(read_metrics(run / "metrics.jsonl"), read_metrics(plain / "metrics.jsonl"),
+                                strict=True):
+        assert {k: v for k, v in validated.items() if not k.startswith(VARIES)} == \
+               {k: v for k, v in alone.items() if not k.startswith(VARIES)}
+
+    assert main(["eval", str(run), "--episodes", "2", "--max-steps", "3", "--mode", "greedy"]) == 0
+    assert json.loads((run / "eval-best.json").read_text())["checkpoint"] == str(run / "best")
+    capsys.readouterr()
