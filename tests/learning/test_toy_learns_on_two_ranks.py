@@ -21,9 +21,10 @@ TOY = str(SOURCE_CONFIGS / "toy.yaml")
 
 
 @pytest.mark.slow
-def test_toy_recipe_reaches_90_percent_success_on_two_ranks(tmp_path):
+def test_toy_recipe_reaches_90_percent_success_on_two_ranks(tmp_path, toy_start):
     started = time.perf_counter()
-    done = torchrun(2, ["-m", "horizonrl", "train", TOY, "iterations=20", f"output_dir={tmp_path}", "--quiet"],
+    done = torchrun(2, ["-m", "horizonrl", "train", TOY, "iterations=20", *toy_start, f"output_dir={tmp_path}",
+                        "--quiet"],
                     timeout_s=1200)
     minutes = (time.perf_counter() - started) / 60
     assert done.returncode == 0, done.stderr[-4000:]

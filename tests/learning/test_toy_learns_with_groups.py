@@ -35,11 +35,12 @@ def pooled_success(records):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", sorted(RUNS))
-def test_group_algorithm_reaches_90_percent_success(tmp_path, algorithm):
+def test_group_algorithm_reaches_90_percent_success(tmp_path, algorithm, toy_start):
     seed, iterations = RUNS[algorithm]
     started = time.perf_counter()
     cfg = load_config(TOY, [f"algorithm={algorithm}", f"seed={seed}", f"iterations={iterations}", *GROUPS,
-                            f"output_dir={tmp_path}"])
+                            *toy_start, f"output_dir={tmp_path}"])
+    assert cfg.seed == load_config(TOY).seed   # toy_start is the warm start of the recipe's seed
     records = read_metrics(train(cfg, progress=False) / "metrics.jsonl")
     curve = [(r["iteration"], round(r["env/success_rate"], 2)) for r in records]
     print(f"{algorithm} learning curve (iteration, success): {curve}\n"
