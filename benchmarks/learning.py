@@ -17,7 +17,8 @@ Written under --out (default runs/learning-<suite>): runs/ (the run folders), lo
 output), cells/<cell>.json (a finished cell: its training and diagnostic curves, its final and initial held-out
 success and the failure types of the failed held-out episodes; a cell whose JSON exists is not run again, and a run
 folder without one is resumed from its last checkpoint, or started afresh if it saved none), learning.json (every
-cell and the aggregate over seeds), learning.md (the table over seeds, then one row per seed) and learning.svg
+cell and the aggregate over seeds), learning.md (the table over seeds, then per seed its results and its
+diagnostics) and learning.svg
 (training success vs env steps per task: the mean over seeds of each algorithm, and its min-max band). The printed
 JSON is the aggregate.
 """
@@ -241,6 +242,35 @@ def seed_table(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def diagnostics_table(cells: list[dict], last: int = 10) -> str:
+    """One row per cell: per task its training success over its `last` iterations and its finished episodes
+    over the run, the means of the DIAGNOSTICS curves over its `last` iterations (iteration 0, the critic warmup,
+    left out of all), and the iteration of the validation that chose best/ (- without validation)."""
+    tasks = cells[0]["tasks"]
+    names = {"train/actor/entropy": "entropy", "train/actor/approx_kl": "approx KL", "train/kl_ref": "KL to ref",
+             "train/critic/explained_variance": "explained var."}
+    header = ["algorithm", "seed", *(f"{task} success, last {last}" for task in tasks),
+              *(f"{task} episodes" for task in tasks), *(f"{name}, last {last}" for name in names.values()),
+              "best/ from iteration"]
+    lines = [f"Per seed, what may separate the runs: training success and episodes per task, means of the last {last} "
+             "iterations.", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for c in sorted(cells, key=lambda c: (c["algorithm"], c["seed"])):
+        d, rates = c["diagnostics"], c["curve"]["success_rate"]
+        row = [c["algorithm"], str(c["seed"])]
+        for task in tasks:   # episode-weighted over the last iterations
+            pairs = [(r, n) for r, n in zip(rates[task][1:][-last:], d[f"episodes/{task}"][1:][-last:])
+                     if r is not None and n]
+            row.append(f"{sum(r * n for r, n in pairs) / sum(n for _, n in pairs):.2f}" if pairs else "-")
+        row += [str(sum(n for n in d[f"episodes/{task}"][1:] if n)) for task in tasks]
+        for key in names:
+            values = [v for v in d[key][1:][-last:] if v is not None]
+            row.append(f"{sum(values) / len(values):.3g}" if values else "-")
+        chosen = [v["iteration"] for v in c["validation"] if v["best"]]
+        row.append(str(chosen[-1]) if chosen else "-")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def band(curves: list[dict], task: str, points: int = 50) -> tuple[np.ndarray, ...]:
     """(env steps, mean, min, max) over seeds of the training success of `task`, each seed's curve linearly
     interpolated (iterations where none finished left out, seeds where none ever did too) at `points` env steps
@@ -336,7 +366,7 @@ def main() -> int:
     (args.out / "learning.json").write_text(json.dumps({**result, "cells": cells}, indent=1) + "\n")
     if cells:
         (args.out / "learning.md").write_text(markdown_table(result["algorithms"], args.episodes) + "\n"
-                                              + seed_table(cells))
+                                              + seed_table(cells) + "\n" + diagnostics_table(cells))
     if cells and args.plot:
         (args.out / "learning.svg").write_text(svg_plot(cells, algorithms))
     print(json.dumps(result, indent=1))

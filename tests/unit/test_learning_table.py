@@ -148,3 +148,18 @@ def test_validations_of_a_run(tmp_path):
     (tmp_path / "validation.jsonl").write_text(json.dumps(line) + "\n")
     assert learning.validations(tmp_path) == [{"iteration": 5, "success_rate": 0.5, "best": True,
                                                 "envs": {"river": 0.5}}]
+
+
+def test_diagnostics_table_weighs_success_by_episodes_and_skips_the_warmup():
+    c = {"algorithm": "ppo", "seed": 3, "tasks": ["goto", "pickup"],
+         "curve": {"success_rate": {"goto": [0.5, 1.0, 0.5, None], "pickup": [0.0, 0.25, None, 1.0]}},
+         "diagnostics": {"episodes/goto": [9, 2, 6, None], "episodes/pickup": [9, 4, None, 1],
+                         "train/actor/entropy": [None, 0.4, 0.2, 0.3],
+                         "train/actor/approx_kl": [None, 0.01, None, None], "train/kl_ref": [None, None, None, None],
+                         "train/critic/explained_variance": [0.9, 0.1, 0.2, 0.3]},
+         "validation": [{"iteration": 0, "best": True}, {"iteration": 2, "best": True},
+                        {"iteration": 3, "best": False}]}
+    row = learning.diagnostics_table([c], last=3).splitlines()[-1]   # the last 3 after iteration 0: 1-3
+    # goto over iterations 1-3: (1.0 x 2 + 0.5 x 6) / 8; pickup: (0.25 x 4 + 1.0 x 1) / 5; episodes after
+    # iteration 0; entropy (0.4 + 0.2 + 0.3) / 3; explained variance without iteration 0's 0.9
+    assert row == "| ppo | 3 | 0.62 | 0.40 | 8 | 5 | 0.3 | 0.01 | - | 0.2 | 2 |"
