@@ -29,7 +29,7 @@ RECIPES = sorted(r for r in CONFIGS.glob("*.yaml")   # train recipes of an env (
                  and raw(r).get("task") is None)
 SMALL = ["model.warm_start=null", "iterations=1", "rollout.n_env=2", "ppo.e_len=2", "rollout.max_tokens=16",
         "optim.mini_batch_size=4", "optim.micro_batch_size=4", "critic.warmup_batches=1", "critic.warmup_iters=1",
-        "device=cpu", "rollout.engine=hf"]
+        "device=cpu", "rollout.engine=hf", "validation=null"]   # the default job validates: test_default_job.py
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.stem for r in RECIPES])
