@@ -129,6 +129,24 @@ def test_value_loss_by_hand():
     close(clipped, [0.0, 1.0, 0.0])
 
 
+def test_value_clip_fraction_counts_no_token_inside_the_clip_range():
+    """verl's compute_value_loss clamps V itself: V_clip = clamp(V, V_old - c, V_old + c). Written as
+    V_old + clamp(V - V_old), fp32 gives back V - 1.9e-9 for token [1, 4] (V = -0.025179291, V_old = -0.112712830),
+    whose clipped square is then larger by rounding: 0.1 of the tokens read as clipped, all within 0.16 of V_old."""
+    values = t([[0.4704992175102234, 1.6563351154327393, 0.5152892470359802, -0.2744353711605072, -2.260566473007202],
+                [1.227964162826538, 0.7928141355514526, 0.6231480836868286, -2.15203857421875, -0.025179291144013405]])
+    values_old = t([[0.569989800453186, 1.661271572113037, 0.534107506275177, -0.15487557649612427, -2.416511297225952],
+                    [1.2031760215759277, 0.8373613357543945, 0.6053600907325745, -2.2159171104431152,
+                     -0.11271283030509949]])
+    returns = t([[-0.5057262182235718, 0.3849651515483856, -0.21775081753730774, -1.6649214029312134, -0.8054940104484558],
+                 [1.1331124305725098, 1.7246016263961792, -1.346042275428772, -0.18473368883132935,
+                  -0.03128504380583763]])
+    assert float((values - values_old).abs().max()) < 0.5
+    loss, clipped = value_loss(values, values_old, returns, clip=0.5)
+    close(clipped, [[0.0] * 5, [0.0] * 5])
+    close(loss, 0.5 * (values - returns) ** 2)
+
+
 def test_value_loss_unclipped():
     values = t([1.2, 0.3, 2.3])
     values_old = t([1.0, 1.1, 1.1])

@@ -89,15 +89,17 @@ def approx_kl(logp: Tensor, logp_old: Tensor) -> Tensor:
 def value_loss(values: Tensor, values_old: Tensor, returns: Tensor, clip: float | None = 0.5) -> tuple[Tensor, Tensor]:
     """Per-token clipped value loss.
 
-        V_clip = V_old + clip(V - V_old, -clip, clip)
+        V_clip = clamp(V, V_old - clip, V_old + clip)
         L      = 0.5 * max((V - R)^2, (V_clip - R)^2)
 
-    Returns (loss, clipped) per token; `clipped` is 1.0 where the clipped term was the larger one.
+    Returns (loss, clipped) per token; `clipped` is 1.0 where the clipped term was the larger one. V itself is
+    clamped, as verl's compute_value_loss does: V_old + clamp(V - V_old) is not always V in fp32 inside the
+    range, and the rounding then counted tokens as clipped.
     """
     unclipped = (values - returns) ** 2
     if clip is None:
         return 0.5 * unclipped, torch.zeros_like(unclipped)
-    v_clipped = values_old + (values - values_old).clamp(-clip, clip)
+    v_clipped = torch.clamp(values, values_old - clip, values_old + clip)
     clipped = (v_clipped - returns) ** 2
     return 0.5 * torch.maximum(unclipped, clipped), (clipped > unclipped).to(values.dtype)
 
