@@ -54,7 +54,7 @@ def worker(args) -> None:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    shard(model, cfg, ranks, device)
+    shard(model, cfg, ranks, device, bf16_parameters=on_gpu)
     register_sharded_logprobs(model)
     generator = torch.Generator().manual_seed(1 + ranks.rank)
     shape = (args.rows_per_rank, args.tokens)

@@ -478,8 +478,9 @@ class DistConfig(Section):
     backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl on GPUs, gloo on the CPU")
     shard: bool = Field(True, description="true: FSDP2 shards parameters, gradients and optimizer state over "
                                           "the ranks; false: every rank holds them whole (gradients all-reduced)")
-    mixed_precision: bool = Field(False, description="bf16 parameters in forward/backward, fp32 gradient reduction "
-                                                     "and master weights")
+    mixed_precision: bool | Literal["auto"] = Field(
+        "auto", description="bf16 parameters in forward/backward, fp32 gradient reduction and master weights; "
+                            "auto: on where the ranks compute on CUDA (unless precision=fp32), off on a CPU")
     activation_checkpointing: bool = Field(False, description="recompute each decoder layer in backward")
     cpu_offload: bool = Field(False, description="sharded parameters, gradients and optimizer state in CPU memory")
     timeout_s: float = Field(600.0, gt=0, description="a collective that waits longer ends the job (a rank died)")
@@ -539,6 +540,14 @@ class TrainConfig(Section):
     dist: DistConfig = DistConfig()
     validation: ValidationConfig | None = Field(None, description="select the policy the run keeps on validation "
                                                                   "seeds; null: the last iteration's")
+
+    def bf16_parameters(self, device_type: str) -> bool:
+        """dist.mixed_precision resolved for ranks computing on `device_type`: auto is on on CUDA unless
+        precision=fp32 (bf16 compute is what CUDA's `precision: auto` does anyway), off on a CPU (bf16 pays
+        there only with AMX: learner/device.py)."""
+        if self.dist.mixed_precision == "auto":
+            return device_type == "cuda" and self.precision != "fp32"
+        return self.dist.mixed_precision
 
     def sample_options(self, run_dir: Path) -> dict:
         """The keyword arguments of train.batch.prepare that choose per-turn or merged rows."""

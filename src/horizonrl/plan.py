@@ -4,7 +4,8 @@ config.json alone (no weights), whether it fits, and else the smallest change th
 The run (learner/distributed.shard): torchrun, one rank per GPU, world size G. Each rank applies FSDP2's
 `fully_shard` to every decoder layer and then to the root module, for the actor, the critic (ppo) and
 the reference (--gpus 1 too: one rank). W = G ranks share each parameter (W = 1 with dist.shard=false),
-f = 2 bytes with dist.mixed_precision (bf16), else 4. Figures are for rank 0, which holds the most.
+f = 2 bytes with mixed precision (bf16: dist.mixed_precision true, or auto, which is on on CUDA unless
+precision=fp32), else 4. Figures are for rank 0, which holds the most.
 LoRA's frozen base weights are stored in f bytes (bf16 with mixed precision), its adapters in fp32.
 
 Sharding. FSDP2 cuts a parameter of shape [d0, ...] on dim 0 with torch.chunk, padded to W chunks of
@@ -392,7 +393,7 @@ def micro_batch_tokens(cfg: TrainConfig, seq_len: int) -> int:
 def memory_components(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, seq_len: int) -> dict[str, int]:
     """Bytes per GPU of each component (COMPONENTS), as the module docstring counts them."""
     world = gpus if cfg.dist.shard else 1
-    mixed_precision, checkpointing = cfg.dist.mixed_precision, cfg.dist.activation_checkpointing
+    mixed_precision, checkpointing = cfg.bf16_parameters("cuda"), cfg.dist.activation_checkpointing
     compute = BF16 if mixed_precision else FP32
     lora = cfg.model.lora
     actor = policy_network(arch, lora)
@@ -537,7 +538,8 @@ def plan_for(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, se
     startup, startup_host = startup_bytes(arch, cfg, components)
     fits = max(total, startup) <= gpu_bytes
     settings = {"algorithm": cfg.algorithm, "lora": cfg.model.lora.r if cfg.model.lora else None,
-                "engine": cfg.rollout.engine, **{key: getattr(cfg.dist, key) for key in DIST_FLAGS}}
+                "engine": cfg.rollout.engine, **{key: getattr(cfg.dist, key) for key in DIST_FLAGS},
+                "mixed_precision": cfg.bf16_parameters("cuda")}
     return Plan(recipe=recipe, model=model, model_source=model_source,
                 parameters=parameter_count(policy_network(arch, None)), gpus=gpus,
                 shard_world=gpus if cfg.dist.shard else 1, gpu_bytes=gpu_bytes, seq_len=seq_len, seq_rule=seq_rule,

@@ -6,7 +6,8 @@ from pydantic import BaseModel
 
 from horizonrl import envs
 from horizonrl.cli import main
-from horizonrl.config import SOURCE_CONFIGS, ConfigError, TrainConfig, default_recipe, dump, load_config, validate
+from horizonrl.config import (SOURCE_CONFIGS, ConfigError, TrainConfig, apply_overrides, default_recipe, dump, load_config,
+                              validate)
 
 from horizonrl.envs.river import River
 
@@ -210,3 +211,11 @@ def test_gigpo_refuses_an_env_without_state_keys_before_the_run():
                                           "env 'keyless-river' has no state_key()"):
         load_config(TOY, ["env.id=keyless-river", "algorithm=gigpo"])
     assert load_config(TOY, ["algorithm=gigpo", "gigpo.gamma=0.5"]).gigpo.gamma == 0.5
+
+
+@pytest.mark.parametrize(("overrides", "device_type", "bf16"), [
+    ([], "cuda", True), ([], "cpu", False), (["precision=fp32"], "cuda", False), (["precision=bf16"], "cpu", False),
+    (["dist.mixed_precision=true"], "cpu", True), (["dist.mixed_precision=false"], "cuda", False),
+])
+def test_mixed_precision_auto_is_bf16_parameters_on_cuda_only(overrides, device_type, bf16):
+    assert validate(apply_overrides({}, overrides)).bf16_parameters(device_type) is bf16

@@ -21,11 +21,12 @@ QWEN_3B = {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos
 QWEN_7B = {**QWEN_3B, "hidden_size": 3584, "intermediate_size": 18944, "max_window_layers": 28,
            "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "sliding_window": 131072,
            "tie_word_embeddings": False, "vocab_size": 152064}
-# Verlog's settings of configs/babyai.yaml (3B) and configs/crafter.yaml (7B); the env is irrelevant here.
+# Verlog's settings of configs/babyai.yaml (3B) and configs/crafter.yaml (7B); the env is irrelevant here. fp32
+# parameters (dist.mixed_precision's default, auto, is bf16 on a GPU: test_mixed_precision_auto_is_on_for_gpus).
 BABYAI = ["rollout.n_env=32", "rollout.max_tokens=256", "agent.memory=1", "optim.mini_batch_size=64",
-          "optim.micro_batch_size=8", "ppo.e_len=8"]
+          "optim.micro_batch_size=8", "ppo.e_len=8", "dist.mixed_precision=false"]
 CRAFTER = ["rollout.n_env=128", "rollout.max_tokens=256", "agent.memory=1", "optim.mini_batch_size=256",
-           "optim.micro_batch_size=8", "ppo.e_len=16"]
+           "optim.micro_batch_size=8", "ppo.e_len=16", "dist.mixed_precision=false"]
 FAST = ["dist.activation_checkpointing=true", "dist.mixed_precision=true"]
 GPU_80 = 80 * GIB   # 85,899,345,920 bytes
 
@@ -120,6 +121,16 @@ def test_qwen_3b_ppo_on_4_gpus_every_component(tmp_path):
     assert result.suggestion.changes == ["dist.activation_checkpointing=true"]
     with_it = components(tmp_path, QWEN_3B, BABYAI + ["dist.activation_checkpointing=true"], gpus=4)
     assert with_it.fits and result.suggestion.total == with_it.total
+
+
+def test_mixed_precision_auto_is_on_for_gpus_unless_precision_is_fp32(tmp_path):
+    """A plan is for GPUs: dist.mixed_precision=auto plans bf16 parameters, as true does, unless precision=fp32."""
+    verlog = BABYAI[:-1]
+    auto = components(tmp_path, QWEN_3B, verlog, gpus=4)
+    assert auto.components == components(tmp_path, QWEN_3B, verlog + ["dist.mixed_precision=true"], gpus=4).components
+    assert auto.components["reference_params"] == N_3B // 4 * 2 and auto.settings["mixed_precision"] is True
+    fp32 = components(tmp_path, QWEN_3B, verlog + ["precision=fp32"], gpus=4)
+    assert fp32.components == EXPECTED_3B_4_GPUS and fp32.settings["mixed_precision"] is False
 
 
 def test_qwen_3b_with_checkpointing_and_mixed_precision(tmp_path):

@@ -150,14 +150,15 @@ def _checkpointed(forward, *args, **kwargs):
     return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def shard(model: nn.Module, cfg: DistConfig, ranks: Ranks, device: torch.device) -> nn.Module:
+def shard(model: nn.Module, cfg: DistConfig, ranks: Ranks, device: torch.device, bf16_parameters: bool) -> nn.Module:
     """FSDP2 over `ranks`: `fully_shard` on every decoder layer, then on the root (in place).
 
     dist.shard=false keeps every parameter whole on every rank (a (world, 1) replicate x shard
     mesh: gradients all-reduced). Gradients are summed over the ranks, not averaged: every rank's
     loss is already normalised by the global token count (see learner/update.py). Mixed precision
     computes in bf16 and reduces gradients in fp32 over fp32 master weights; cpu_offload keeps the
-    sharded parameters, gradients and optimizer state in CPU memory."""
+    sharded parameters, gradients and optimizer state in CPU memory. `bf16_parameters`: mixed precision, as
+    TrainConfig.bf16_parameters resolves dist.mixed_precision."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if cfg.cpu_offload and device.type != "cuda":
@@ -165,7 +166,7 @@ def shard(model: nn.Module, cfg: DistConfig, ranks: Ranks, device: torch.device)
     shape = (ranks.world_size,) if cfg.shard else (ranks.world_size, 1)
     names = ("shard",) if cfg.shard else ("replicate", "shard")
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cfg.mixed_precision \
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16_parameters \
         else MixedPrecisionPolicy()
     options = dict(mesh=mesh, mp_policy=mp, offload_policy=CPUOffloadPolicy() if cfg.cpu_offload else OffloadPolicy())
     if cfg.activation_checkpointing:

@@ -7,7 +7,7 @@
             keeps its shard of every parameter) -> `to_empty` on the device -> the shards filled from
             rank 0's whole tensors, broadcast one tensor at a time (`set_model_state_dict(...,
             broadcast_from_rank0=True)`), buffers (RoPE's frequencies) likewise
-    the reference: the actor's skeleton in the compute dtype (bf16 under dist.mixed_precision: it is
+    the reference: the actor's skeleton in the compute dtype (bf16 under mixed precision: it is
             frozen and only ever read in bf16), filled from the same tensors; with LoRA, the actor with
             its adapters disabled (no copy)
     the hf engine's whole copy (a rank samples alone): learner/models.engine_copy, filled from the
@@ -46,22 +46,23 @@ def sharded_networks(cfg: TrainConfig, policy: nn.Module | None, ranks: Ranks, d
         critic = ValueModel.from_policy(actor).eval() if cfg.algorithm == "ppo" else None
         reference = copy.deepcopy(actor).requires_grad_(False) if cfg.model.lora is None else None
     sources = initial_sources(cfg, policy, critic is not None) if ranks.is_main else (None, None)
+    bf16_parameters = cfg.bf16_parameters(device.type)
     if cfg.model.lora is not None:
         with torch.device("meta"):
             actor, critic = add_adapters(actor, critic, cfg.model.lora, cfg.seed)
         reference = AdaptersOff(actor)
-        if cfg.dist.mixed_precision:
+        if bf16_parameters:
             for model in (actor, critic):
                 if model is not None:
                     freeze_base_in(model, torch.bfloat16)
-    elif cfg.dist.mixed_precision:
+    elif bf16_parameters:
         reference.to(torch.bfloat16)
     targets = [(actor, sources[0]), (critic, sources[1])]
     if cfg.model.lora is None:
         targets.append((reference, sources[0]))
     for model, source in targets:
         if model is not None:
-            shard(model.eval(), cfg.dist, ranks, device)
+            shard(model.eval(), cfg.dist, ranks, device, bf16_parameters)
             fill_from_rank0(model, source, ranks, device)
     for model in (actor, reference):
         if isinstance(model, nn.Module):
