@@ -125,7 +125,7 @@ class HorizonrlGRPO:
         batch = score(ctx, episodes, critic=None)
         group_advantages_to_tokens(batch, ctx.cfg.algorithm)
         clock.lap("score")
-        minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, optim.epochs, ctx.shuffle,
+        minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
                           [(ctx.actor_opt, ctx.actor_loss, optim.grad_clip, Stats())])
         sync_engine(ctx)
         clock.lap("update")

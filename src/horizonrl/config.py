@@ -356,12 +356,10 @@ class OptimConfig(Section):
     epochs: int = Field(1, gt=0, description="passes over each batch")
     mini_batch_size: int = Field(128, gt=0, description="rows per optimizer step")
     micro_batch_size: int = Field(32, gt=0, description="rows per forward/backward pass")
-    max_tokens_per_micro_batch: int | None = Field(
-        None, gt=0, description="rows x longest row per forward/backward pass; replaces micro_batch_size when set")
-
-    @property
-    def micro_batch_budget(self) -> MicroBatchBudget:
-        return MicroBatchBudget(self.micro_batch_size, self.max_tokens_per_micro_batch)
+    max_tokens_per_micro_batch: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
+        "auto", description="rows x longest row per forward/backward pass; replaces micro_batch_size when set. "
+                            "auto: on CUDA the largest budget that `horizonrl plan` says fits the GPU's memory, on "
+                            "a CPU none (train/context.micro_batch_budget)")
 
 
 class ActorConfig(Section):

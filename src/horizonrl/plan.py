@@ -75,7 +75,9 @@ tests/integration/test_plan_fsdp.py measures b, s H and t with autograd's saved-
 (bf16 autocast there too). With rows of equal length no mask is built: then k, v are not repeated and the
 2S term is absent, so the count is an upper bound.
 T tokens per micro-batch: optim.max_tokens_per_micro_batch when set (at least one row), else
-optim.micro_batch_size x S.
+optim.micro_batch_size x S. Its default, auto, is the largest budget (a multiple of 256, at most a rank's share
+of a mini-batch) whose plan fits the GPU less 2 GiB (CUDA_RESERVE); the run resolves it the same way from its
+GPU's memory (train/context.micro_batch_budget), and a CPU run has none (micro_batch_size rows).
 
 S tokens per row (and per engine sequence), estimated from the config (--seq-len sets it):
     window history (default): 1024 (system prompt + observation; Qwen2.5's tokenizer gives 342 for
@@ -112,6 +114,7 @@ PROMPT_TOKENS = 1024                 # system prompt + one observation, rounded 
 VLLM_GPU_MEMORY_UTILIZATION = 0.5    # config.VLLMOptions' default on a GPU
 MAX_GPUS = 4096
 SHIPPED_CONFIGS = Path(__file__).parent / "model_configs"   # config.json of the recipes' hub models
+CUDA_RESERVE = 2 * GIB               # the CUDA context and allocator fragmentation, which the plan leaves out
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 LAYER_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DIST_FLAGS = ("shard", "mixed_precision", "activation_checkpointing", "cpu_offload")
@@ -385,9 +388,44 @@ def sequence_length(cfg: TrainConfig, arch: Architecture) -> tuple[int, str]:
 
 
 def micro_batch_tokens(cfg: TrainConfig, seq_len: int) -> int:
-    """T: optim.max_tokens_per_micro_batch (a longer row is a micro-batch alone), else micro_batch_size x S."""
+    """T: optim.max_tokens_per_micro_batch (a longer row is a micro-batch alone; auto is resolved by
+    `with_auto_budget` first), else micro_batch_size x S."""
     budget = cfg.optim.max_tokens_per_micro_batch
+    if budget == "auto":
+        raise ValueError("optim.max_tokens_per_micro_batch=auto: resolve it with with_auto_budget first")
     return max(budget, seq_len) if budget else cfg.optim.micro_batch_size * seq_len
+
+
+def largest_budget(fits: Callable[[int], bool], seq_len: int, high: int) -> int | None:
+    """The largest token budget in [S, high] for which `fits` holds (memory grows with the budget), rounded
+    down to a multiple of 256 but not below S (one row); None when not even one row fits."""
+    low = seq_len
+    if not fits(low):
+        return None
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return max(seq_len, low // 256 * 256)
+
+
+def peak_bytes(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, seq_len: int) -> int:
+    """The larger of steady state and start-up, bytes per GPU."""
+    components = memory_components(arch, cfg, gpus, gpu_bytes, seq_len)
+    return max(sum(components.values()), startup_bytes(arch, cfg, components)[0])
+
+
+def with_auto_budget(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, seq_len: int) -> TrainConfig:
+    """`cfg` with optim.max_tokens_per_micro_batch=auto resolved: the largest budget whose plan fits the GPU less
+    CUDA_RESERVE, at most a rank's share of a mini-batch (ceil(mini_batch_size / gpus) rows of S tokens); one
+    row when none fits (the plan then says what would). Any other setting: `cfg` itself."""
+    if cfg.optim.max_tokens_per_micro_batch != "auto":
+        return cfg
+    rows = -(-cfg.optim.mini_batch_size // gpus)
+    budget = largest_budget(
+        lambda tokens: peak_bytes(arch, _with(cfg, "optim", max_tokens_per_micro_batch=tokens), gpus, gpu_bytes,
+                                  seq_len) <= gpu_bytes - CUDA_RESERVE,
+        seq_len, max(rows * seq_len, seq_len))
+    return _with(cfg, "optim", max_tokens_per_micro_batch=budget or seq_len)
 
 
 def memory_components(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, seq_len: int) -> dict[str, int]:
@@ -474,9 +512,8 @@ def suggest(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, seq
     most expensive change comes earliest in CHANGES, then the fewest changes); None when nothing fits.
     A smaller token budget is the largest (a multiple of 256, at least one row) that fits; more GPUs the
     fewest that fit."""
-    def total(c: TrainConfig, g: int) -> int:       # the larger of steady state and start-up
-        components = memory_components(arch, c, g, gpu_bytes, seq_len)
-        return max(sum(components.values()), startup_bytes(arch, c, components)[0])
+    def total(c: TrainConfig, g: int) -> int:
+        return peak_bytes(arch, c, g, gpu_bytes, seq_len)
 
     tokens = micro_batch_tokens(cfg, seq_len)
     fixed = {  # change -> (section, key, value, the override that sets it)
@@ -504,14 +541,10 @@ def suggest(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, seq
             if g is None:
                 return None
         if "token_budget" in names:
-            low, high = seq_len, tokens - 1          # the largest budget in [low, high] that fits
-            if total(_with(c, "optim", max_tokens_per_micro_batch=low), g) > gpu_bytes:
+            budget = largest_budget(lambda t: total(_with(c, "optim", max_tokens_per_micro_batch=t), g) <= gpu_bytes,
+                                    seq_len, tokens - 1)
+            if budget is None:
                 return None
-            while low < high:
-                middle = (low + high + 1) // 2
-                fits = total(_with(c, "optim", max_tokens_per_micro_batch=middle), g) <= gpu_bytes
-                low, high = (middle, high) if fits else (low, middle - 1)
-            budget = max(seq_len, low // 256 * 256)
             c = _with(c, "optim", max_tokens_per_micro_batch=budget)
             changes.append(f"optim.max_tokens_per_micro_batch={budget}")
         if "gpus" in names:
@@ -533,6 +566,7 @@ def plan_for(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes: int, se
     if gpus < 1:
         raise ValueError(f"--gpus {gpus}: at least 1")
     seq_len, seq_rule = (seq_len, "--seq-len") if seq_len else sequence_length(cfg, arch)
+    cfg = with_auto_budget(arch, cfg, gpus, gpu_bytes, seq_len)
     components = memory_components(arch, cfg, gpus, gpu_bytes, seq_len)
     total = sum(components.values())
     startup, startup_host = startup_bytes(arch, cfg, components)
@@ -556,6 +590,15 @@ def plan(cfg: TrainConfig, gpus: int, gpu_memory_gib: float = 80.0, seq_len: int
     config, source = load_model_config(cfg)
     return plan_for(Architecture.from_config(config), cfg, gpus, int(gpu_memory_gib * GIB), seq_len, recipe,
                     cfg.model.path or "model.tiny", source)
+
+
+def auto_token_budget(cfg: TrainConfig, gpus: int, gpu_bytes: int) -> int:
+    """optim.max_tokens_per_micro_batch=auto for a run of `cfg` on `gpus` GPUs of `gpu_bytes` (`with_auto_budget`),
+    S estimated from the config."""
+    config, _ = load_model_config(cfg)
+    arch = Architecture.from_config(config)
+    seq_len, _ = sequence_length(cfg, arch)
+    return with_auto_budget(arch, cfg, gpus, gpu_bytes, seq_len).optim.max_tokens_per_micro_batch
 
 
 def tiny_config(tiny: TinyModel) -> dict:

@@ -2,6 +2,7 @@
 aggregation, scoring in any packing, and the out-of-memory retry with half the budget."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -9,10 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from horizonrl.config import MicroBatchBudget, OptimConfig
+from horizonrl.config import SOURCE_CONFIGS, MicroBatchBudget, load_config
 from horizonrl.learner.models import ValueModel
 from horizonrl.learner.scoring import pack_rows, prompt_values, score
 from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates, optimizer_step
+from horizonrl.plan import GIB, auto_token_budget
+from horizonrl.train.context import micro_batch_budget
+
+TOY = SOURCE_CONFIGS / "toy.yaml"
 
 LENGTHS = [300, 17, 120, 64, 5, 230, 90, 41, 150, 12]     # one row longer than the 256 budget
 VOCAB = 64
@@ -36,7 +41,20 @@ def test_budget_halves_tokens_or_else_rows():
     assert MicroBatchBudget(8, 1000).halved() == MicroBatchBudget(8, 500)
     assert MicroBatchBudget(8).halved() == MicroBatchBudget(4)
     assert MicroBatchBudget(1).halved() == MicroBatchBudget(1)
-    assert OptimConfig(micro_batch_size=4, max_tokens_per_micro_batch=512).micro_batch_budget == MicroBatchBudget(4, 512)
+
+
+@pytest.mark.parametrize(("budget", "device", "expected"), [
+    ("auto", "cpu", MicroBatchBudget(4)), ("null", "cuda", MicroBatchBudget(4)), ("512", "cuda", MicroBatchBudget(4, 512)),
+    ("auto", "cuda", MicroBatchBudget(4, "planned")),
+])
+def test_a_run_resolves_the_auto_token_budget_on_cuda_only(monkeypatch, budget, device, expected):
+    """On CUDA the planner's largest budget for this GPU's memory (a fake 40 GiB one here); on a CPU none."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=40 * GIB))
+    cfg = load_config(TOY, ["optim.micro_batch_size=4", f"optim.max_tokens_per_micro_batch={budget}"])
+    if expected.tokens == "planned":
+        expected = MicroBatchBudget(4, auto_token_budget(cfg, 1, 40 * GIB))
+        assert expected.tokens >= 256
+    assert micro_batch_budget(cfg, torch.device(device), gpus=1) == expected
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +103,9 @@ def test_gradient_accumulation_gives_the_full_mini_batch_update_for_any_budget(p
         actual, stats = step(policy, data, budget, loss_agg)
         for name, param in expected.items():
             torch.testing.assert_close(actual[name], param, atol=1e-6, rtol=0, msg=f"{budget} {name}")
-        assert stats.means("") == pytest.approx(expected_stats.means(""), rel=1e-5)
+        packing = ("padding_share",)          # the one statistic of the packing itself
+        assert {k: v for k, v in stats.means("").items() if k not in packing} == pytest.approx(
+            {k: v for k, v in expected_stats.means("").items() if k not in packing}, rel=1e-5)
 
 
 def test_scores_do_not_depend_on_the_packing(policy, data):
@@ -112,6 +132,17 @@ def out_of_memory_above(tokens: int, error=torch.OutOfMemoryError("CUDA out of m
             return loss_fn(mb, num_tokens, num_seqs)
         return flaky
     return wrap
+
+
+@pytest.mark.parametrize(("budget", "share"), [
+    (MicroBatchBudget(len(LENGTHS)), 1 - 1_029 / 3_000),     # one micro-batch 10 rows x 300 wide for 1,029 tokens
+    # longest first while rows x longest <= 1,024: [300, 230, 150] (3 x 300 = 900 computed for 680 tokens) and the
+    # other seven (7 x 120 = 840 for 349)
+    (MicroBatchBudget(1, 1_024), 1 - 1_029 / 1_740),
+])
+def test_the_micro_batches_padding_share_is_reported(policy, data, budget, share):
+    _, stats = step(policy, data, budget, "token-mean")
+    assert stats.means("")["padding_share"] == pytest.approx(share)
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory."),

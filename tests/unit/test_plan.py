@@ -22,11 +22,14 @@ QWEN_7B = {**QWEN_3B, "hidden_size": 3584, "intermediate_size": 18944, "max_wind
            "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "sliding_window": 131072,
            "tie_word_embeddings": False, "vocab_size": 152064}
 # Verlog's settings of configs/babyai.yaml (3B) and configs/crafter.yaml (7B); the env is irrelevant here. fp32
-# parameters (dist.mixed_precision's default, auto, is bf16 on a GPU: test_mixed_precision_auto_is_on_for_gpus).
+# parameters and micro-batches of 8 rows (the defaults, auto, are bf16 and the largest token budget that fits on a
+# GPU: test_mixed_precision_auto_is_on_for_gpus..., test_the_auto_token_budget_is_the_largest_that_fits).
 BABYAI = ["rollout.n_env=32", "rollout.max_tokens=256", "agent.memory=1", "optim.mini_batch_size=64",
-          "optim.micro_batch_size=8", "ppo.e_len=8", "dist.mixed_precision=false"]
+          "optim.micro_batch_size=8", "ppo.e_len=8", "optim.max_tokens_per_micro_batch=null",
+          "dist.mixed_precision=false"]
 CRAFTER = ["rollout.n_env=128", "rollout.max_tokens=256", "agent.memory=1", "optim.mini_batch_size=256",
-           "optim.micro_batch_size=8", "ppo.e_len=16", "dist.mixed_precision=false"]
+           "optim.micro_batch_size=8", "ppo.e_len=16", "optim.max_tokens_per_micro_batch=null",
+           "dist.mixed_precision=false"]
 FAST = ["dist.activation_checkpointing=true", "dist.mixed_precision=true"]
 GPU_80 = 80 * GIB   # 85,899,345,920 bytes
 
@@ -131,6 +134,19 @@ def test_mixed_precision_auto_is_on_for_gpus_unless_precision_is_fp32(tmp_path):
     assert auto.components["reference_params"] == N_3B // 4 * 2 and auto.settings["mixed_precision"] is True
     fp32 = components(tmp_path, QWEN_3B, verlog + ["precision=fp32"], gpus=4)
     assert fp32.components == EXPECTED_3B_4_GPUS and fp32.settings["mixed_precision"] is False
+
+
+def test_the_auto_token_budget_is_the_largest_that_fits(tmp_path):
+    """optim.max_tokens_per_micro_batch=auto (the default): the largest multiple of 256 whose plan fits the GPU less
+    2 GiB; 256 more does not fit. On a GPU with room for every row of a rank's mini-batch share at once, that share:
+    ceil(64 / 4) = 16 rows x S (2,560) = 40,960 tokens."""
+    verlog = BABYAI[:-2]          # bf16 parameters (auto), no activation checkpointing
+    auto = components(tmp_path, QWEN_3B, verlog, gpus=4)
+    room = GPU_80 - 2 * GIB
+    assert auto.tokens % 256 == 0 and 2_560 < auto.tokens < 40_960 and max(auto.total, auto.startup) <= room
+    more = components(tmp_path, QWEN_3B, verlog + [f"optim.max_tokens_per_micro_batch={auto.tokens + 256}"], gpus=4)
+    assert max(more.total, more.startup) > room
+    assert components(tmp_path, QWEN_3B, verlog, gpus=4, gpu_bytes=1000 * GIB).tokens == 16 * 2_560
 
 
 def test_qwen_3b_with_checkpointing_and_mixed_precision(tmp_path):

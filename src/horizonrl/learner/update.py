@@ -97,15 +97,18 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
                    stats: Stats, ranks: Ranks = LOCAL) -> MicroBatchBudget:
     """One optimizer step over the mini-batch `rows` of `data`, in micro-batches within `budget`.
 
+    `padding_share` (of the tokens the micro-batches compute, the padding: each micro-batch is as wide as its
+    longest row) tells how well they are packed.
     Out of memory in a micro-batch: the step starts again from zero gradients with the budget halved
     (counted in `oom_retries`); out of memory again is an error, and so is the first one across ranks
     (the other ranks would wait in a collective). Skips (and counts in `skipped_updates`) the step
     when the loss or the gradient norm is not finite. Returns the budget the step ran with.
     """
+    lengths = data["attention_mask"][rows].sum(dim=1).tolist()
     for retry in (False, True):
         try:
-            lengths = data["attention_mask"][rows].sum(dim=1).tolist()
-            groups = padded_groups([[rows[i] for i in group] for group in pack_rows(lengths, budget)], ranks)
+            packed = pack_rows(lengths, budget)
+            groups = padded_groups([[rows[i] for i in group] for group in packed], ranks)
             loss_total, step_stats = accumulate_gradients(
                 optimizer, (select_rows(data, group) if group is not None else None for group in groups),
                 loss_fn, num_tokens, num_seqs, data)
@@ -121,6 +124,8 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
         halved = budget.halved()
         log.warning("out of memory in a micro-batch with %s: retrying the step with %s", budget, halved)
         budget = halved
+    computed = sum(len(group) * max(lengths[i] for i in group) for group in packed)   # each as wide as its longest
+    step_stats.add("padding_share", computed - sum(lengths), computed)
     stats.merge(step_stats.summed(ranks))
     stats.add("oom_retries", float(retry), 0.0)
     params = [p for group in optimizer.param_groups for p in group["params"]]

@@ -19,6 +19,7 @@ The iteration functions (train/loop.py) read and change only what the context ho
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -29,7 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from horizonrl import envs as env_registry
-from horizonrl.config import TrainConfig, dump
+from horizonrl.config import MicroBatchBudget, TrainConfig, dump
 from horizonrl.engines.base import TrainingEngine
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import autocast_dtype, resolve_device
@@ -38,6 +39,7 @@ from horizonrl.learner.lora import AdaptersOff, add_adapters, merged_parameters
 from horizonrl.learner.models import ValueModel, engine_copy, frozen_copy, load_policy, pad_token_id
 from horizonrl.learner.sharded_start import sharded_networks
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
+from horizonrl.plan import GIB, auto_token_budget
 from horizonrl.report.sinks import MetricsSinks
 from horizonrl.rollout.collector import Collector
 from horizonrl.rollout.from_config import make_agent, make_engine
@@ -49,12 +51,15 @@ from horizonrl.train.producer_process import ProducerProcess
 from horizonrl.train.tasks import build_tiny_for_task, task_warm_start
 from horizonrl.train.warm_start import build_tiny_for_envs, format_warm_start
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class RunContext:
     """One training run's objects. `critic`, `critic_opt` and `critic_loss` exist for ppo only.
     `first_iteration` is where the run starts: 0 (the critic warmup), 1, or after a resumed checkpoint.
     `ranks`: this process among the run's processes (torchrun); `metrics` is None except on rank 0.
+    `micro_batch_budget`: what one forward/backward pass of the learner may hold (`micro_batch_budget`).
     `splits_explained`: the run was told why its merged rows split (train/loop.py explain_splits)."""
 
     cfg: TrainConfig
@@ -70,6 +75,7 @@ class RunContext:
     metrics: MetricsSinks | None
     checkpointer: Checkpointer
     shuffle: torch.Generator          # mini-batch order
+    micro_batch_budget: MicroBatchBudget
     first_iteration: int
     critic: ValueModel | None = None
     critic_opt: torch.optim.Optimizer | None = None
@@ -130,8 +136,24 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     metrics = MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json"), first_iteration) \
         if ranks.is_main else None
     return RunContext(cfg, run_dir, device, tokenizer, actor, reference, actor_opt, actor_loss, engine, collector,
-                      metrics, Checkpointer(run_dir, state, cfg, signals), shuffle, first_iteration,
+                      metrics, Checkpointer(run_dir, state, cfg, signals), shuffle,
+                      micro_batch_budget(cfg, device, ranks.world_size), first_iteration,
                       critic, critic_opt, critic_loss, ranks)
+
+
+def micro_batch_budget(cfg: TrainConfig, device: torch.device, gpus: int) -> MicroBatchBudget:
+    """optim's micro-batches: micro_batch_size rows, or a token budget. max_tokens_per_micro_batch=auto is, on
+    CUDA, the largest budget the planner says fits this GPU's memory (`plan.with_auto_budget`, logged), and on a
+    CPU none (micro_batch_size rows: the budget of before, and a CPU run's memory is not the planner's)."""
+    tokens = cfg.optim.max_tokens_per_micro_batch
+    if tokens == "auto":
+        tokens = None
+        if device.type == "cuda":
+            gpu_bytes = torch.cuda.get_device_properties(device).total_memory
+            tokens = auto_token_budget(cfg, gpus, gpu_bytes)
+            log.info("micro-batches of at most %d tokens (optim.max_tokens_per_micro_batch=auto: the largest budget "
+                     "`horizonrl plan` fits in %.1f GiB on %d GPU%s)", tokens, gpu_bytes / GIB, gpus, "s" * (gpus > 1))
+    return MicroBatchBudget(cfg.optim.micro_batch_size, tokens)
 
 
 def local_networks(cfg: TrainConfig, actor: PreTrainedModel, device: torch.device

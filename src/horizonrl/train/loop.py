@@ -176,7 +176,7 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
     estimate_advantages(batch, cfg.ppo, ctx.ranks)              # token rewards -> GAE -> advantages, returns
     clock.lap("score")
     actor_stats, critic_stats = Stats(), Stats()
-    minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, optim.epochs, ctx.shuffle,
+    minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
                       [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, critic_stats),
                        (ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)], ctx.ranks)
     sync_engine(ctx)
@@ -205,7 +205,7 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
         group_advantages_to_tokens(batch, cfg.algorithm, ctx.ranks)
     clock.lap("score")
     actor_stats = Stats()
-    minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, optim.epochs, ctx.shuffle,
+    minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
                       [(ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)], ctx.ranks)
     sync_engine(ctx)
     clock.lap("update")
@@ -249,7 +249,7 @@ def score(ctx: RunContext, episodes: list[Episode], critic, updates_actor: bool 
                     weights_version=ctx.engine.state_dict()["weights_version"], **cfg.sample_options(ctx.run_dir))
     n_rows = len(batch.data["input_ids"]) if updates_actor else None
     old, ref = needed_scores(cfg, n_rows, ctx.ranks)
-    score_batch(batch, ctx.pad_id, cfg.optim.micro_batch_budget, cfg.rollout.temperature,
+    score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, cfg.rollout.temperature,
                 actor=ctx.actor if old else None, reference=ctx.reference if ref else None, critic=critic,
                 ranks=ctx.ranks)
     return batch

@@ -27,12 +27,12 @@ def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
     for _ in range(cfg.critic.warmup_iters):
         for batch in batches:
             ctx.checkpointer.signals.check()
-            score_batch(batch, ctx.pad_id, optim.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
+            score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
             estimate_advantages(batch, cfg.ppo, ctx.ranks)
-            minibatch_updates(batch.data, optim.mini_batch_size, optim.micro_batch_budget, 1, ctx.shuffle,
+            minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, 1, ctx.shuffle,
                               [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, stats)], ctx.ranks)
     for batch in batches:
-        score_batch(batch, ctx.pad_id, optim.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
+        score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
         estimate_advantages(batch, cfg.ppo, ctx.ranks)
     metrics = stats.means("train/critic/")
     values, returns = (sampled_tokens(batches, key) for key in ("values_old", "returns"))
