@@ -143,9 +143,10 @@ def test_a_network_scores_the_rows_only_when_a_term_reads_them(tiny, tmp_path, c
     passes = {"actor": 0, "reference": 0}
     for name, model in (("actor", actor), ("reference", reference)):
         model.model.register_forward_pre_hook(lambda *_, name=name: passes.__setitem__(name, passes[name] + 1))
-    ctx = SimpleNamespace(cfg=TrainConfig(**config), actor=actor, reference=reference, pad_id=0,
-                          device=torch.device("cpu"), tokenizer=tokenizer, run_dir=tmp_path, ranks=loop.LOCAL,
-                          engine=UNSYNCED)
+    cfg = TrainConfig(**config)
+    ctx = SimpleNamespace(cfg=cfg, actor=actor, reference=reference, pad_id=0, device=torch.device("cpu"),
+                          tokenizer=tokenizer, run_dir=tmp_path, ranks=loop.LOCAL, engine=UNSYNCED,
+                          micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size))
     batch = loop.score(ctx, episodes(ROWS), critic=None)
     assert passes == {"actor": actor_passes, "reference": reference_passes}
     assert ("logp_old" in batch.data, "logp_ref" in batch.data) == (actor_passes > 0, reference_passes > 0)
@@ -153,8 +154,9 @@ def test_a_network_scores_the_rows_only_when_a_term_reads_them(tiny, tmp_path, c
 
 def test_the_critic_warmup_batches_are_scored_by_no_policy_without_a_kl_in_the_reward(tiny, tmp_path):
     tokenizer, policy = tiny
-    ctx = SimpleNamespace(cfg=TrainConfig(**with_(PPO, optim__epochs=2)), actor=policy, reference=policy, pad_id=0,
-                          device=torch.device("cpu"), tokenizer=tokenizer, run_dir=tmp_path, ranks=loop.LOCAL,
-                          engine=UNSYNCED)
+    cfg = TrainConfig(**with_(PPO, optim__epochs=2))
+    ctx = SimpleNamespace(cfg=cfg, actor=policy, reference=policy, pad_id=0, device=torch.device("cpu"),
+                          tokenizer=tokenizer, run_dir=tmp_path, ranks=loop.LOCAL, engine=UNSYNCED,
+                          micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size))
     batch = loop.score(ctx, episodes(ROWS), critic=None, updates_actor=False)
     assert not {"logp_old", "logp_ref"} & batch.data.keys()

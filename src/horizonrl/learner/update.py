@@ -33,7 +33,7 @@ from horizonrl.learner.scoring import (empty_micro_batch, pack_rows, padded_grou
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[dict[str, Tensor], float, float], tuple[Tensor, dict[str, tuple[float, float]]]]
+LossFn = Callable[[dict[str, Tensor], float, float], tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]]
 
 
 class Stats:
@@ -77,19 +77,28 @@ def is_out_of_memory(error: BaseException) -> bool:
 def accumulate_gradients(optimizer, batches: Iterable[dict[str, Tensor] | None], loss_fn: LossFn,
                          num_tokens: float, num_seqs: float, data: dict[str, Tensor]) -> tuple[float, Stats]:
     """Zero the gradients, then backward every micro-batch's loss (None: an empty micro-batch of
-    `data`'s keys, whose loss counts zero); returns the summed loss and the loss function's statistics."""
+    `data`'s keys, whose loss counts zero); returns the summed loss and the loss function's statistics.
+    Losses and statistics stay on the device until the last micro-batch and cross to the host in one
+    transfer: a GPU never waits for the host inside the loop."""
     optimizer.zero_grad(set_to_none=True)
-    loss_total, stats = 0.0, Stats()
+    losses, parts_of = [], defaultdict(list)
     for mb in batches:
         empty = mb is None
         loss, parts = loss_fn(empty_micro_batch(data) if empty else mb, num_tokens, num_seqs)
         if empty:
             loss = loss * 0.0
         loss.backward()
-        loss_total += loss.item()
+        losses.append(loss.detach())
         for name, (total, count) in parts.items():
-            stats.add(name, 0.0 if empty else total, 0.0 if empty else count)
-    return loss_total, stats
+            parts_of[name].append((torch.zeros_like(total), torch.zeros_like(count)) if empty else (total, count))
+    names = sorted(parts_of)
+    sums = [torch.stack(losses).double().sum()] + [torch.stack([pair[k] for pair in parts_of[name]]).double().sum()
+                                                  for k in (0, 1) for name in names]
+    values = torch.stack(sums).tolist()
+    stats = Stats()
+    for i, name in enumerate(names):
+        stats.add(name, values[1 + i], values[1 + len(names) + i])
+    return values[0], stats
 
 
 def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: MicroBatchBudget,
@@ -143,9 +152,10 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
     return budget
 
 
-def token_total(x: Tensor, mask: Tensor) -> tuple[float, float]:
-    """(sum of `x` over the sampled tokens, their count): a statistic that Stats reports per token."""
-    return float((x * mask).sum()), float(mask.sum())
+def token_total(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(sum of `x` over the sampled tokens, their count), on the device: a statistic that Stats reports per
+    token (accumulate_gradients brings it to the host)."""
+    return (x * mask).sum(), mask.sum()
 
 
 def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) -> LossFn:

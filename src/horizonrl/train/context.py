@@ -119,12 +119,12 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
             collector = Producer(collector, cfg.rollout.async_training.max_staleness,
                                  lambda: engine.state_dict()["weights_version"], lambda: engine.in_flight_at_sync)
     critic_opt = critic_loss = None
-    actor_opt = torch.optim.AdamW(trainable(actor), lr=cfg.actor.lr, weight_decay=cfg.optim.weight_decay)
+    actor_opt = adamw(trainable(actor), cfg.actor.lr, cfg.optim.weight_decay)
     actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
                                cfg.actor.entropy_coef, cfg.actor.loss_agg, cfg.rollout.temperature,
                                cfg.actor.kl_loss_coef, cfg.actor.tis_cap, cfg.actor.tis_mode)
     if critic is not None:
-        critic_opt = torch.optim.AdamW(trainable(critic), lr=cfg.critic.lr, weight_decay=cfg.optim.weight_decay)
+        critic_opt = adamw(trainable(critic), cfg.critic.lr, cfg.optim.weight_decay)
         critic_loss = critic_loss_fn(critic, cfg.critic.value_clip, cfg.critic.first_token_weight)
     shuffle = torch.Generator().manual_seed(cfg.seed)
     state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, critic, critic_opt, ranks)
@@ -209,6 +209,13 @@ def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device, si
 def trainable(model: nn.Module) -> list[nn.Parameter]:
     """The parameters an optimizer steps: all of them, or the adapters (and value head) of a LoRA run."""
     return [p for p in model.parameters() if p.requires_grad]
+
+
+def adamw(params: list[nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
+    """AdamW over `params`: fused (one kernel per step) where they all live on CUDA, where torch's default is its
+    multi-kernel foreach implementation; elsewhere torch's default (on a CPU, or with dist.cpu_offload)."""
+    on_cuda = bool(params) and all(p.device.type == "cuda" for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True if on_cuda else None)
 
 
 def build_policy(cfg: TrainConfig, device: torch.device, check: Callable[[], None] = lambda: None
