@@ -3,7 +3,7 @@
     python benchmarks/gpu_check.py            # CUDA: Qwen2.5-1.5B shape; meant to take under 10 minutes on one H100
     python benchmarks/gpu_check.py --smoke    # CPU: the same code path on a tiny Qwen2 model (CI; also without a GPU)
 
-Four pieces (no vLLM on the lent machines: rollout.engine=hf throughout):
+Five pieces (no vLLM on the lent machines: rollout.engine=hf throughout):
 1. the CUDA test file (tests/integration/test_cuda.py) in a pytest subprocess;
 2. the learner's log-probs (learner/scoring.token_logprobs) of the same rows in fp32 and under bf16
    autocast (`precision("bf16")`), on a random Qwen2.5-1.5B-shaped model with the real Qwen2.5 tokenizer
@@ -15,7 +15,11 @@ Four pieces (no vLLM on the lent machines: rollout.engine=hf throughout):
    own process. Its peak memory is set against `horizonrl.plan.plan(cfg, gpus=1)` with the plan's row
    length S set to the longest row the run trained on (the planner's own estimate of S is for long
    multi-turn prompts);
-4. the update's model FLOPs utilisation.
+4. the update's model FLOPs utilisation;
+5. the hf engine's decode rate against one batched `generate` and the memory-bandwidth bound (`decode_speed`).
+Three variants of the trainer (VARIANTS): "full" and "lora" at the defaults, and "before": the settings these
+defaults replaced (fp32 FSDP parameters under bf16 autocast, micro-batches of rows), compared in
+"defaults_vs_before".
 
 JSON keys:
   device              torch.cuda.get_device_name(), or "cpu"
@@ -28,7 +32,12 @@ JSON keys:
                       the scored tokens (random weights: logits are flatter than a trained model's)
   config              {"recipe": "configs/toy.yaml", "overrides": [key=value given to both variants], "lora": the
                       LoRA variant's one more}
-  variants            {"full": {...}, "lora": {...}}, each (or {"error", "output", "seconds"} when its process failed):
+  decode              decode_speed's {"streams", "new_tokens", "engine_tokens_per_s", "generate_tokens_per_s",
+                      "bandwidth_tokens_per_s"}
+  variants            {"before": {...}, "full": {...}, "lora": {...}}, each (or {"error", "output", "seconds"} when
+                      its process failed):
+      micro_batch         the run's micro-batch budget: {"tokens": N} (optim.max_tokens_per_micro_batch, auto
+                          resolved) or {"rows": N}
       startup_s           start_run's seconds (load, shard, engine copy, optimizers)
       iteration_s         each iteration's seconds (rollout + scoring + update + weight sync)
       update_s            the last iteration's update seconds (learner.update.minibatch_updates, critic and actor)
@@ -46,20 +55,24 @@ JSON keys:
                           weight gradient, so backward is ~2 x parameters a token, not 4)
       update_mfu          flops_per_token x trained_tokens / update_s / peak bf16 FLOP/s of the GPU; null
                           when the GPU is not in PEAK_BF16_FLOPS or on the CPU
-      metrics             the last iteration's record: losses, KL, rollout/learner log-prob gap, throughput
+      first_metrics, metrics   the first and the last iteration's records: losses, KL, rollout/learner log-prob
+                          gap, padding share, throughput
   update_mfu          the full fine-tune's update_mfu (the headline number)
+  defaults_vs_before  `compare`: the update's speed-up and the first iteration's losses and log-prob gap
 
-Both variants use small batches (on a GPU rollout.n_env=16, ppo.e_len=4, rollout.max_tokens=16, one
-mini-batch of 64 rows in micro-batches of 8, 2 epochs) so that the whole check stays under 10 minutes on
-one H100. Options: `--set key=value` (repeatable) adds an override to both variants (e.g.
-dist.mixed_precision=true), `--iterations N` (default 2; the last one's update is timed), `--skip-tests`.
-Inner worker: `--worker full|lora` (launched by the check itself under torchrun).
+Every variant uses small batches (on a GPU rollout.n_env=16, ppo.e_len=4, rollout.max_tokens=16, one
+mini-batch of 64 rows, 2 epochs; micro-batches of 8 rows in "before") so that the whole check stays under 10
+minutes on one H100. Options: `--set key=value` (repeatable) adds an override to every variant (e.g.
+dist.mixed_precision=true), `--iterations N` (default 2; the last one's update is timed), `--skip-tests`,
+`--profile FILE` (one more update of "full" under torch.profiler, its ops table written to FILE).
+Inner worker: `--worker NAME` (launched by the check itself under torchrun).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import math
 import re
@@ -77,11 +90,23 @@ TOY = ROOT / "configs" / "toy.yaml"
 CUDA_TESTS = ["tests/integration/test_cuda.py"]
 GIB = 2 ** 30
 
+# the trainer's settings compared, each on top of the check's own overrides: "before" is the defaults this
+# check measured first (fp32 FSDP parameters under bf16 autocast, micro-batches of optim.micro_batch_size rows)
+VARIANTS = ("before", "full", "lora")
+VARIANT_OVERRIDES = {"before": ["dist.mixed_precision=false", "optim.max_tokens_per_micro_batch=null"],
+                     "lora": ["model.lora={r: 16}"]}
+
 # dense bf16 tensor-core peak FLOP/s (vendor data sheets), by a substring of torch.cuda.get_device_name();
 # the first match wins, so the more specific names come first
 PEAK_BF16_FLOPS = [
     ("H100 PCIe", 756e12), ("H100 NVL", 835e12), ("H100", 989e12), ("H200", 989e12), ("H800", 989e12),
     ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12), ("B200", 2250e12),
+]
+
+# HBM bandwidth in bytes/s (vendor data sheets), matched as PEAK_BF16_FLOPS
+PEAK_HBM_BYTES_PER_S = [
+    ("H100 PCIe", 2.0e12), ("H100 NVL", 3.9e12), ("H100", 3.35e12), ("H200", 4.8e12), ("H800", 3.35e12),
+    ("A100", 2.0e12), ("A800", 2.0e12), ("L40S", 0.864e12), ("B200", 8.0e12),
 ]
 
 # Qwen2.5-1.5B-Instruct's config.json (hub), and a tiny model of the same family for --smoke; both keep the
@@ -98,6 +123,10 @@ QWEN2_TINY = {**QWEN25_1_5B, "hidden_size": 32, "intermediate_size": 64, "num_hi
 
 def peak_bf16_flops(device_name: str) -> float | None:
     return next((flops for name, flops in PEAK_BF16_FLOPS if name in device_name), None)
+
+
+def peak_bandwidth(device_name: str) -> float | None:
+    return next((bandwidth for name, bandwidth in PEAK_HBM_BYTES_PER_S if name in device_name), None)
 
 
 def build_model(folder: Path, dims: dict, device: torch.device):
@@ -142,6 +171,66 @@ def bf16_vs_fp32(tokenizer, model, rows: int = 8) -> dict:
     diff = (logp["bf16"] - logp["fp32"])[scored].abs()
     return {"mean_abs_diff": float(diff.mean()), "max_abs_diff": float(diff.max()), "tokens": int(scored.sum()),
             "fp32_logp_mean": float(logp["fp32"][scored].mean())}
+
+
+def decode_speed(tokenizer, model, streams: int = 16, new_tokens: int = 64) -> dict:
+    """The hf engine's decode rate against one batched `generate` and the memory-bandwidth bound, on a bf16
+    copy of `model`: `streams` concurrent requests of `new_tokens` sampled tokens each (ignore_eos: random
+    weights), after one warm-up round.
+        engine_tokens_per_s      the hf engine (engines/hf.py), streams x new_tokens / wall time
+        generate_tokens_per_s    transformers' model.generate of the same rows in one batch
+        bandwidth_tokens_per_s   streams x HBM bytes/s / the bf16 weights' bytes: each decode step reads every
+                                 weight once (KV reads left out: a bound from above); null without a known GPU
+    """
+    import asyncio
+
+    from horizonrl.engines.base import SamplingParams
+    from horizonrl.engines.hf import HFEngine
+    from horizonrl.learner.models import pad_token_id
+
+    bf16 = copy.deepcopy(model).to(torch.bfloat16).eval()
+    prompts = [[int(t) for t in torch.randint(1000, 100000, (96,), generator=torch.Generator().manual_seed(i))]
+               for i in range(streams)]
+    engine = HFEngine(bf16, pad_token_id(tokenizer), max_batch_size=256, seed=0, tokenizer=tokenizer,
+                      autocast_dtype=torch.bfloat16 if model.device.type == "cuda" else None)
+    params = SamplingParams(max_tokens=new_tokens, temperature=1.0)       # no stop ids: every request runs to the end
+
+    async def round_of_requests() -> int:
+        results = await asyncio.gather(*(engine.generate(prompt, params) for prompt in prompts))
+        return sum(len(result.token_ids) for result in results)
+
+    def timed(run) -> tuple[float, float]:
+        synchronize(model.device)
+        started = time.perf_counter()
+        tokens = run()
+        synchronize(model.device)
+        return tokens, time.perf_counter() - started
+
+    asyncio.run(round_of_requests())                                    # warm-up
+    tokens, seconds = timed(lambda: asyncio.run(round_of_requests()))
+    engine_rate = tokens / seconds
+    engine.close()
+    batch = torch.tensor(prompts, device=model.device)
+
+    def generate(tokens: int) -> int:
+        with torch.no_grad():
+            bf16.generate(batch, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
+                          pad_token_id=pad_token_id(tokenizer))
+        return streams * tokens
+
+    generate(4)                                                          # warm-up
+    tokens, seconds = timed(lambda: generate(new_tokens))
+    bandwidth = peak_bandwidth(torch.cuda.get_device_name()) if model.device.type == "cuda" else None
+    weight_bytes = sum(p.numel() for p in bf16.parameters()) * 2
+    del bf16
+    return {"streams": streams, "new_tokens": new_tokens, "engine_tokens_per_s": round(engine_rate, 1),
+            "generate_tokens_per_s": round(tokens / seconds, 1),
+            "bandwidth_tokens_per_s": round(streams * bandwidth / weight_bytes, 1) if bandwidth else None}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def run_cuda_tests() -> dict:
@@ -226,6 +315,18 @@ def worker(args) -> None:
                         "trained_tokens": int(data["attention_mask"].sum()) * epochs * len(steps),
                         "rows": int(data["input_ids"].shape[0]), "seq_len": int(data["input_ids"].shape[1])})
 
+    def profiled_updates(data, mini_batch_size, budget, epochs, generator, steps, ranks):
+        """The update under torch.profiler: its ops by device time, written to args.profile."""
+        activities = [torch.profiler.ProfilerActivity.CPU] + \
+            ([torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with torch.profiler.profile(activities=activities) as profiler:
+            minibatch_updates(data, mini_batch_size, budget, epochs, generator, steps, ranks)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        order = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        table = profiler.key_averages().table(sort_by=order, row_limit=40, max_name_column_width=60)
+        Path(args.profile).write_text(table)
+
     loop.minibatch_updates = timed_updates          # ppo_iteration looks it up in its module at each call
     with precision(cfg.precision):                  # as train.loop.train does
         ranks, device = start_ranks(cfg.dist, cfg.device)
@@ -248,16 +349,26 @@ def worker(args) -> None:
                     started = time.perf_counter()
                     records.append(loop.ppo_iteration(ctx, i))
                     iteration_s.append(time.perf_counter() - started)
-            peak = memory.peak()
+                peak = memory.peak()
+                if args.profile:                    # one more iteration, its update profiled (not timed)
+                    loop.minibatch_updates = profiled_updates
+                    loop.ppo_iteration(ctx, args.iterations + 1)
+            budget = ctx.micro_batch_budget
         for env in envs:
             env.close()
         stop_ranks(ranks)
     last = updates[-1]
     gpu_gib = torch.cuda.get_device_properties(device).total_memory / GIB if device.type == "cuda" else 80.0
-    planned = plan(cfg, gpus=1, gpu_memory_gib=gpu_gib, seq_len=max(u["seq_len"] for u in updates))
+    ran = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"max_tokens_per_micro_batch": budget.tokens})})
+    planned = plan(ran, gpus=1, gpu_memory_gib=gpu_gib, seq_len=max(u["seq_len"] for u in updates))   # its budget
     flops_per_token = (6 if cfg.model.lora is None else 4) * planned.parameters
     peak_flops = peak_bf16_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    def finite(record: dict) -> dict:
+        return {key: value if math.isfinite(value) else None for key, value in record.items()
+                if key.startswith(("train/", "perf/", "rollout/", "timing/")) and isinstance(value, (int, float))}
+
     result = {
+        "micro_batch": {"rows": budget.rows} if budget.tokens is None else {"tokens": budget.tokens},
         "startup_s": round(startup_s, 2), "iteration_s": [round(s, 2) for s in iteration_s],
         **{key: round(value, 4) if isinstance(value, float) else value for key, value in last.items()},
         "startup_peak_gib": startup_peak / GIB, "peak_gib": peak / GIB,
@@ -265,17 +376,17 @@ def worker(args) -> None:
         "startup_ratio": startup_peak / planned.startup, "peak_ratio": peak / planned.total,
         "flops_per_token": flops_per_token,
         "update_mfu": flops_per_token * last["trained_tokens"] / last["update_s"] / peak_flops if peak_flops else None,
-        "metrics": {key: value if math.isfinite(value) else None for key, value in records[-1].items()
-                    if key.startswith(("train/", "perf/", "rollout/", "timing/")) and isinstance(value, (int, float))},
+        "first_metrics": finite(records[0]), "metrics": finite(records[-1]),
     }
     Path(args.out).write_text(json.dumps(result))
 
 
-def run_variant(name: str, workdir: Path, overrides: list[str], iterations: int) -> dict:
+def run_variant(name: str, workdir: Path, overrides: list[str], iterations: int, profile: Path | None = None) -> dict:
     """`python -m torch.distributed.run --nproc_per_node 1 gpu_check.py --worker NAME ...`: its JSON."""
     out = workdir / f"{name}.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--standalone",
-               __file__, "--worker", name, "--out", str(out), "--iterations", str(iterations), "--", *overrides]
+               __file__, "--worker", name, "--out", str(out), "--iterations", str(iterations),
+               *(["--profile", str(profile)] if profile else []), "--", *overrides]
     started = time.perf_counter()
     done = subprocess.run(command, check=False, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0 or not out.is_file():
@@ -287,6 +398,18 @@ def run_variant(name: str, workdir: Path, overrides: list[str], iterations: int)
 
 # ---------------------------------------------------------------------------------------------- the check
 
+def compare(before: dict, defaults: dict) -> dict | None:
+    """What the defaults (bf16 parameters, token-budget micro-batches) change against the earlier ones (fp32
+    parameters under bf16 autocast, micro-batches of 8 rows): the update's speed-up, and on the first iteration
+    (the same sampled rows: the engine is bf16 in both) the losses and the engine/learner log-prob gap."""
+    if "error" in before or "error" in defaults:
+        return None
+    keys = ("train/actor/loss", "train/critic/loss", "train/actor/entropy", "rollout/logprob_abs_diff")
+    first = {key: {"before": before["first_metrics"].get(key), "defaults": defaults["first_metrics"].get(key)}
+             for key in keys}
+    return {"update_speedup": round(before["update_s"] / defaults["update_s"], 2), "first_iteration": first}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU (the default without a GPU)")
@@ -294,7 +417,9 @@ def main() -> None:
     parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
                         help="an override for both training variants (repeatable)")
     parser.add_argument("--skip-tests", action="store_true", help="leave out the CUDA test file")
-    parser.add_argument("--worker", choices=["full", "lora"], help=argparse.SUPPRESS)
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="profile one more update of the full fine-tune (defaults) and write its ops table here")
+    parser.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -316,22 +441,24 @@ def main() -> None:
         result["model"] = {"parameters": sum(p.numel() for p in model.parameters()),
                            **{key: dims[key] for key in ("hidden_size", "num_hidden_layers", "vocab_size")}}
         result["bf16_vs_fp32"] = bf16_vs_fp32(tokenizer, model)
+        result["decode"] = decode_speed(tokenizer, model)
         del model
         if not smoke:
             torch.cuda.empty_cache()                # the variants' processes get the whole GPU
 
-        # 64 rows of ~260 tokens on a GPU, in micro-batches of 8: `plan` puts the full fine-tune at ~70 GiB
+        # 64 rows of ~260 tokens on a GPU; "before"'s micro-batches of 8 rows: `plan` put that at ~70 GiB
         n_env, e_len, rows = (2, 2, 4) if smoke else (16, 4, 8)
         common = [f"model.path={model_dir}", "model.warm_start=null", f"device={device.type}", "precision=auto",
                   "rollout.engine=hf", f"rollout.n_env={n_env}", f"ppo.e_len={e_len}", "rollout.max_tokens=16",
                   f"optim.mini_batch_size={n_env * e_len}", f"optim.micro_batch_size={rows}", "optim.epochs=2",
                   "report_to=[jsonl]", f"output_dir={workdir / 'runs'}", *args.extra]
-        result["config"] = {"recipe": str(TOY.relative_to(ROOT)), "overrides": common, "lora": "model.lora={r: 16}"}
+        result["config"] = {"recipe": str(TOY.relative_to(ROOT)), "overrides": common, **VARIANT_OVERRIDES}
         result["variants"] = {
-            "full": run_variant("full", workdir, common, args.iterations),
-            "lora": run_variant("lora", workdir, [*common, result["config"]["lora"]], args.iterations),
-        }
+            name: run_variant(name, workdir, [*common, *VARIANT_OVERRIDES.get(name, [])], args.iterations,
+                              args.profile if name == "full" else None)
+            for name in VARIANTS}
     result["update_mfu"] = result["variants"]["full"].get("update_mfu")
+    result["defaults_vs_before"] = compare(result["variants"]["before"], result["variants"]["full"])
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result, indent=1))
 

@@ -14,7 +14,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
-VARIANT_KEYS = {"startup_s", "iteration_s", "update_s", "trained_tokens", "rows", "seq_len", "startup_peak_gib",
+VARIANT_KEYS = {"micro_batch", "first_metrics", "startup_s", "iteration_s", "update_s", "trained_tokens", "rows", "seq_len", "startup_peak_gib",
                 "peak_gib", "plan_startup_gib", "plan_total_gib", "startup_ratio", "peak_ratio", "flops_per_token",
                 "update_mfu", "metrics"}
 
@@ -40,7 +40,12 @@ def test_smoke_run_prints_the_check_as_json():
     assert 0 < diff["mean_abs_diff"] <= diff["max_abs_diff"] < 0.5       # bf16 differs, but only by rounding
     assert math.isfinite(diff["fp32_logp_mean"]) and diff["fp32_logp_mean"] < 0
 
-    assert set(result["variants"]) == {"full", "lora"}
+    assert set(result["variants"]) == {"before", "full", "lora"}
+    assert result["variants"]["before"]["micro_batch"] == result["variants"]["full"]["micro_batch"] == {"rows": 4}
+    assert result["defaults_vs_before"]["update_speedup"] > 0          # on a CPU the two settings are the same
+    decode = result["decode"]
+    assert decode["engine_tokens_per_s"] > 0 and decode["generate_tokens_per_s"] > 0
+    assert decode["bandwidth_tokens_per_s"] is None                     # no GPU: no bandwidth to divide by
     for name, variant in result["variants"].items():
         assert "error" not in variant, (name, variant.get("output"))
         assert VARIANT_KEYS <= set(variant), name
