@@ -323,7 +323,7 @@ def worker(args) -> None:
             minibatch_updates(data, mini_batch_size, budget, epochs, generator, steps, ranks)
             if device.type == "cuda":
                 torch.cuda.synchronize()
-        order = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+        order = "device_time_total" if device.type == "cuda" else "cpu_time_total"
         table = profiler.key_averages().table(sort_by=order, row_limit=40, max_name_column_width=60)
         Path(args.profile).write_text(table)
 
