@@ -9,7 +9,9 @@ import warnings
 
 import pytest
 import torch
+from transformers.cache_utils import DynamicLayer
 
+from horizonrl.engines import kv_cache
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import MIN_SHARED_TOKENS, HFEngine, sample
 from horizonrl.learner.scoring import token_logprobs
@@ -423,3 +425,34 @@ def test_stop_patterns_end_a_response_at_the_token_that_completes_a_match(river_
 
 async def _gather(engine, prompts, params):
     return await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, params)))
+
+
+def test_the_growing_cache_samples_what_transformers_dynamic_cache_samples(river_tiny, monkeypatch):
+    """Streams of different lengths decode side by side (rows leave, later turns join, reuse kept prefixes and get
+    compacted; buffers grow): with engines/kv_cache's growing layers and with transformers' DynamicLayer, the same ids and
+    log-probs (fp32: within 1e-6)."""
+    tokenizer, model = river_tiny
+    prompts = prompts_of(tokenizer, 6)
+
+    def streams():
+        engine = HFEngine(model, tokenizer.pad_token_id, seed=3)
+
+        async def stream(i, prompt):
+            generations = []
+            for turn in range(3):
+                params = SamplingParams(max_tokens=4 + 28 * ((i + turn) % 3), seed=10 * i + turn)
+                generations.append(await engine.generate(prompt, params))
+                prompt = prompt + generations[-1].token_ids + [7, 8, 9]
+            return generations
+
+        async def run():
+            return await asyncio.gather(*(stream(i, p) for i, p in enumerate(prompts)))
+        alone = engine.generate_batch([prompts[0]], [SamplingParams(max_tokens=80, seed=1)])   # no row leaves
+        return [g for generations in asyncio.run(run()) for g in generations] + alone
+
+    growing = streams()
+    monkeypatch.setattr(kv_cache, "LAYER", DynamicLayer)
+    dynamic = streams()
+    assert [g.token_ids for g in growing] == [g.token_ids for g in dynamic]
+    assert max(abs(a - b) for g, d in zip(growing, dynamic) for a, b in zip(g.logprobs, d.logprobs)) <= 1e-6
+    assert sum(len(g.token_ids) for g in growing) == 6 * (4 + 32 + 60) + 80   # 80 steps outgrow MIN_ROOM

@@ -9,7 +9,8 @@ its own stream. The KV of every ended sequence is kept (up to a token budget, un
 change): a later prompt prefills only what follows the longest prefix it shares with one of them,
 be it the whole sequence (a multi-turn stream's next prompt extends its last prompt and response) or
 its start (a prompt rebuilt every turn keeps its system prompt), and prompts that arrive together
-and share a prefix prefill it once. We sample with our own loop rather than `model.generate`
+and share a prefix prefill it once. The cache's layers grow in place (engines/kv_cache.py): a decode
+step writes one column, it does not copy the cache. We sample with our own loop rather than `model.generate`
 because each request has its own max_tokens / temperature / top_p / stop ids / grammar and we need
 the exact log-probs of the sampled ids under the sampling distribution (with a grammar, the masked one:
 engines/constrained.py).
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from horizonrl.engines import constrained
+from horizonrl.engines import constrained, kv_cache
 from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, matches_stop_pattern, settle
 
 
@@ -398,7 +399,7 @@ def _prefix_batch(requests: list[_Request | None], prefixes: list[_Prefix | None
     width = max(lengths, default=0)
     attention = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device,
                              dtype=torch.long).reshape(len(requests), width)
-    cache = DynamicCache()
+    cache = kv_cache.new_cache()
     if width:
         some = next(p for p in prefixes if p)
         for layer, (keys, values) in enumerate(some.layers):
