@@ -2,6 +2,7 @@
 
     python benchmarks/rollout.py [--streams 16] [--turns 8] [--repeats 5] [--workload long_tailed|uniform]
     python benchmarks/rollout.py --model DIR [--streams 16] [--turns 8] [--max-tokens 16] [--autocast bf16]
+                                 [--kv-cache both]
 
 Workload (one seed, so every mode runs the same one): N streams of K turns on the toy-size tiny model
 (random weights). Turn k of a stream samples a response to the stream's prompt (its first prompt, 32..96
@@ -33,13 +34,15 @@ import statistics
 import time
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from horizonrl import envs
 from horizonrl.agents import HistoryEntry
 from horizonrl.config import AgentConfig, TinyModel
+from horizonrl.engines import kv_cache
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
-from horizonrl.learner.models import pad_token_id
+from horizonrl.learner.models import load_policy, pad_token_id
 from horizonrl.rollout.from_config import make_agent
 from horizonrl.train.warm_start import build_tiny_for_envs
 
@@ -141,10 +144,7 @@ def turn_cost(model_dir: str, streams: int, turns: int, max_tokens: int, autocas
     start a new episode, as streams whose episodes end do. The engine keeps its KV across turns, as within
     one weights version of a run; `positions_run` counts rows x new tokens of every forward pass (padding
     included), `sampled_digest` hashes every sampled token."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer, model = load_policy(model_dir, torch.device("cpu"))
     engine = HFEngine(model, pad_token_id(tokenizer), seed=0, autocast_dtype=autocast)
     agent, params = make_agent(tokenizer, AgentConfig()), SamplingParams(max_tokens, temperature=1.0)
     games = [envs.make("babyai/goto") for _ in range(streams)]
@@ -191,11 +191,24 @@ def main():
     parser.add_argument("--model", help="measure the cost per turn of this model folder instead (see turn_cost)")
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--autocast", choices=["bf16"], help="with --model: sample under bf16 autocast")
+    parser.add_argument("--kv-cache", choices=["growing", "both"], default="growing",
+                        help="with --model, both: the turn cost with transformers' DynamicLayer (which copies the "
+                             "cache at every step), then with engines/kv_cache's GrowingLayer, and their ratio")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.model:
         autocast = torch.bfloat16 if args.autocast else None
-        print(json.dumps(turn_cost(args.model, args.streams, args.turns, args.max_tokens, autocast), indent=1))
+        if args.kv_cache == "growing":
+            print(json.dumps(turn_cost(args.model, args.streams, args.turns, args.max_tokens, autocast), indent=1))
+            return
+        costs = {}
+        for name, layer in (("dynamic", DynamicLayer), ("growing", kv_cache.GrowingLayer)):
+            kv_cache.LAYER = layer
+            costs[name] = turn_cost(args.model, args.streams, args.turns, args.max_tokens, autocast)
+        cpu = {name: sum(t["cpu_seconds"] for t in cost["turns"]) for name, cost in costs.items()}
+        same = costs["dynamic"]["sampled_digest"] == costs["growing"]["sampled_digest"]
+        print(json.dumps({**costs, "same_samples": same, "cpu_seconds": cpu,
+                          "cpu_seconds_dynamic_over_growing": cpu["dynamic"] / cpu["growing"]}, indent=1))
         return
     tokenizer, model = build_tiny_for_envs([envs.make("river")], TinyModel(), seed=0, device=torch.device("cpu"))
     workload = make_workload(args.streams, args.turns, len(tokenizer), args.workload == "long_tailed")
