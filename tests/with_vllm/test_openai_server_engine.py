@@ -109,6 +109,7 @@ def test_toy_recipe_trains_through_the_server(server, tmp_path, max_staleness):
     async_training = [f"rollout.async_training.max_staleness={max_staleness}", "actor.tis_cap=1.0"]
     assert main(["train", TOY, "rollout.engine=openai", f"rollout.openai.base_url={server[0]}", "iterations=3",
                  "model.warm_start.iterations=1", "model.warm_start.steps=1", "critic.warmup_batches=1",
+                 "rollout.n_env=8",   # 64 turns a batch, one mini-batch: what is checked needs no more
                  *(async_training if max_staleness else []), f"output_dir={tmp_path}", "--quiet"]) == 0
     run_dir = next(tmp_path.iterdir())
     records = read_metrics(run_dir / "metrics.jsonl")

@@ -48,6 +48,10 @@ REGISTRY: dict[str, EnvSpec] = {
         "two_room-goto_win-distr_obj_rule", "BabaIsAI: two rooms, a distractor object and a distractor rule"),
     "babaisai/two_room-maybe_break_stop-goto_win": _babaisai(
         "two_room-maybe_break_stop-goto_win", "BabaIsAI: two rooms; sometimes WALL IS STOP must be broken"),
+    "sokoban/6x6-1box": EnvSpec("horizonrl.envs.sokoban:Sokoban", {"size": 6, "boxes": 1},
+                                "Sokoban: push the box onto the target in a generated 6x6 room"),
+    "sokoban/6x6-2box": EnvSpec("horizonrl.envs.sokoban:Sokoban", {"size": 6, "boxes": 2},
+                                "Sokoban: push both boxes onto the targets in a generated 6x6 room"),
     "crafter": EnvSpec("horizonrl.envs.crafter:CrafterEnv", {}, "Crafter: survive and unlock 22 achievements", "envs"),
     "textworld/simple": _textworld("simple", "TextWorld: a small generated house quest"),
     "textworld/coin_collector": _textworld("coin_collector", "TextWorld: find the coin through connected rooms"),
