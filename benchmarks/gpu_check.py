@@ -222,7 +222,6 @@ def decode_speed(tokenizer, model, streams: int = 16, new_tokens: int = 64) -> d
     tokens, seconds = timed(lambda: generate(new_tokens))
     bandwidth = peak_bandwidth(torch.cuda.get_device_name()) if model.device.type == "cuda" else None
     weight_bytes = sum(p.numel() for p in bf16.parameters()) * 2
-    del bf16
     return {"streams": streams, "new_tokens": new_tokens, "engine_tokens_per_s": round(engine_rate, 1),
             "generate_tokens_per_s": round(tokens / seconds, 1),
             "bandwidth_tokens_per_s": round(streams * bandwidth / weight_bytes, 1) if bandwidth else None}

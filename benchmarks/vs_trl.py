@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, TrainerCallback
 
-from horizonrl.config import ActorConfig, GroupConfig, OptimConfig, RolloutConfig, TrainConfig
+from horizonrl.config import ActorConfig, GroupConfig, MicroBatchBudget, OptimConfig, RolloutConfig, TrainConfig
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.device import autocast_dtype
@@ -106,7 +106,8 @@ class HorizonrlGRPO:
                                             cfg.rollout.temperature, a.kl_loss_coef, a.tis_cap),
                               HFEngine(actor, pad_token_id(tokenizer), seed=cfg.seed, tokenizer=tokenizer),
                               collector=None, metrics=None, checkpointer=None,
-                              shuffle=torch.Generator().manual_seed(0), first_iteration=1)
+                              shuffle=torch.Generator().manual_seed(0),
+                              micro_batch_budget=MicroBatchBudget(n_rows), first_iteration=1)
         self.requests = [p for p in tokenizer(text=PROMPTS)["input_ids"] for _ in range(GROUP_SIZE)]
         self.params = SamplingParams(max_tokens=MAX_TOKENS, temperature=cfg.rollout.temperature,
                                      stop_ids=stop_ids(tokenizer, actor))

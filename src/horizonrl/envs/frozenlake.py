@@ -34,8 +34,6 @@ class FrozenLake:
         if size < 2 or not 0 < frozen_share <= 1 or max_steps < 1:
             raise ValueError(f"need size >= 2, 0 < frozen_share <= 1, max_steps >= 1; got size={size}, "
                              f"frozen_share={frozen_share}, max_steps={max_steps}")
-        from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv   # noqa: F401  (fails here if missing)
-
         self.size, self.slippery, self.frozen_share, self.max_steps = size, slippery, frozen_share, max_steps
         self.lake = None
         self.map: list[str] = []
