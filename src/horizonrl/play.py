@@ -51,5 +51,14 @@ def play(env_id: str, kwargs: dict, seed: int = 0, memory: int = 1, invalid_pena
 
 
 def list_envs() -> str:
+    """Every env id with one line on it; an env that cannot run here (its package is not installed) says so and
+    what to install, in place of its description."""
     width = max(len(env_id) for env_id in registry.REGISTRY)
-    return "\n".join(f"{env_id:<{width}}  {spec.description}" for env_id, spec in sorted(registry.REGISTRY.items()))
+    lines = []
+    for env_id, spec in sorted(registry.REGISTRY.items()):
+        try:
+            registry.factory(env_id)
+            lines.append(f"{env_id:<{width}}  {spec.description}")
+        except ValueError as error:
+            lines.append(f"{env_id:<{width}}  not runnable here: {error}")
+    return "\n".join(lines)

@@ -5,7 +5,7 @@ import sys
 
 from horizonrl import envs
 from horizonrl.agents.prompt import build_messages, system_prompt
-from horizonrl.play import play, render
+from horizonrl.play import list_envs, play, render
 
 
 def scripted(replies):
@@ -42,3 +42,11 @@ def test_envs_command_lists_every_env_and_play_rejects_an_unknown_one():
     assert len(built_in) == 18 and all(env_id in listed.stdout for env_id in built_in)
     bad = subprocess.run([sys.executable, "-m", "horizonrl", "play", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown env 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_an_env_whose_package_is_missing_is_listed_as_not_runnable_with_what_to_install(monkeypatch):
+    absent = envs.EnvSpec("horizonrl_absent_package:Game", {}, "a game", "games")
+    monkeypatch.setitem(envs.REGISTRY, "needs-more", absent)
+    lines = [line for line in list_envs().splitlines() if line.startswith("needs-more")]
+    assert len(lines) == 1 and "not runnable here" in lines[0] and "pip install 'horizonrl[games]'" in lines[0]
+    assert "a game" not in lines[0]
