@@ -10,9 +10,9 @@ rate and failure types (report/diagnostics.py), their mean, and whether it is th
 also what a resumed run continues from.
 
 Why: the greedy policy of a run's last iteration is one draw from a policy that still moves. On the default
-job, seeds 3 and 5 ended at held-out greedy pickup 0.641 and 0.828 where the policy their validation kept scored
-0.953 (BENCHMARKS.md, Default job). Selecting on seeds apart from the held-out ones keeps the held-out
-evaluation an honest estimate.
+job (entropy bonus 0.01), seed 1 ended at held-out greedy goto 0.531 and pickup 0.422 where the policy its
+validation kept scored 0.938 and 0.969 (BENCHMARKS.md, Default job). Selecting on seeds apart from the held-out
+ones keeps the held-out evaluation an honest estimate.
 
 The policy plays through an hf engine of its own over the learner's actor, apart from the rollout engine and
 greedy (no random stream), so a validation changes neither what the rollouts sample nor the rollout engine's
