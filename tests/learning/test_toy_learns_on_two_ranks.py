@@ -1,8 +1,9 @@
 """The toy recipe learns on 2 ranks: `torchrun --nproc_per_node 2 -m horizonrl train configs/toy.yaml`
 (gloo, FSDP2 on the CPU) takes river-crossing success from under 0.2 to at least 0.9 over iterations
-16-20, as one process does (tests/learning/test_toy_learns.py: the same streams, seeds and
-warm-started model). 20 iterations, as the vLLM learning test: the recipe itself can collapse and
-recover later (BENCHMARKS.md, "Recipes on a CPU": on 2 ranks, 0.96-1.00 from iteration 11 to 37, 0.14 at 38, 0.97 at 60)."""
+12-16, as one process does (tests/learning/test_toy_learns.py: the same streams, seeds and
+warm-started model; from that start both are at 1.00 from iteration 11). 16 iterations: the recipe itself can
+collapse and recover later (benchmarks/results/history-learning.md, "Recipes on a CPU": on 2 ranks, 0.96-1.00 from
+iteration 11 to 37, 0.14 at 38, 0.97 at 60)."""
 
 import sys
 import time
@@ -23,7 +24,7 @@ TOY = str(SOURCE_CONFIGS / "toy.yaml")
 @pytest.mark.slow
 def test_toy_recipe_reaches_90_percent_success_on_two_ranks(tmp_path, toy_start):
     started = time.perf_counter()
-    done = torchrun(2, ["-m", "horizonrl", "train", TOY, "iterations=20", *toy_start, f"output_dir={tmp_path}",
+    done = torchrun(2, ["-m", "horizonrl", "train", TOY, "iterations=16", *toy_start, f"output_dir={tmp_path}",
                         "--quiet"],
                     timeout_s=1200)
     minutes = (time.perf_counter() - started) / 60
