@@ -73,6 +73,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import json
 import math
 import re
@@ -442,6 +443,7 @@ def main() -> None:
         result["bf16_vs_fp32"] = bf16_vs_fp32(tokenizer, model)
         result["decode"] = decode_speed(tokenizer, model)
         del model
+        gc.collect()             # the decode check's engine and bf16 copy sit in a reference cycle (engine <-> task)
         if not smoke:
             torch.cuda.empty_cache()                # the variants' processes get the whole GPU
 
