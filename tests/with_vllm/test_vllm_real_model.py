@@ -27,8 +27,10 @@ def test_vllm_samples_the_real_model_as_the_learner_scores_it_before_and_after_a
     assert model.config.tie_word_embeddings
     env, agent = envs.make("babyai/goto"), Agent(tokenizer)
     prompts = [agent.prompt_ids(env, [], env.reset(seed=seed)[0]) for seed in range(3)]
-    engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, gpu_memory_utilization=0.25, max_num_seqs=8)
+    engine = VLLMEngine(model, tokenizer, seed=0, dtype=torch.float32, gpu_memory_utilization=0.25, max_num_seqs=8,
+                        enforce_eager=True)
     try:
+        assert engine.llm.model_config.enforce_eager   # rollout.vllm.enforce_eager reaches vLLM: no torch.compile
         params = SamplingParams(max_tokens=12, seed=5)
         assert max_logprob_diff(model, tokenizer, prompts, generate_all(engine, prompts, params), 1.0) <= 1e-4
         # every weight moved by 0.05 x N(0, 1), 2.5x the model's own weight scale: activations grow, and the

@@ -85,6 +85,8 @@ class VLLMEngine:
     cache. With `enable_sleep_mode` (GPU only) `sleep` frees vLLM's weights and KV cache for the update
     and `sync_weights` wakes it. `folder`: where the weights are written and reloaded from (None: a
     temporary folder). `close` stops vLLM's processes and removes the weights (a temporary folder whole).
+    `enforce_eager`: skip vLLM's torch.compile of the model (rollout.vllm.enforce_eager: a faster start,
+    a slower decode).
 
     `device` (None: the model's): where vLLM runs. On cuda:i its workers get GPUs i .. i +
     tensor_parallel_size - 1 (vLLM's `device_ids`, indices among the visible GPUs as torch numbers them);
@@ -95,7 +97,7 @@ class VLLMEngine:
                  gpu_memory_utilization: float = 0.2, tensor_parallel_size: int = 1,
                  enable_prefix_caching: bool = True, max_num_seqs: int = 256, max_model_len: int | None = None,
                  enable_sleep_mode: bool = False, device: torch.device | None = None, tensors=None,
-                 folder: Path | None = None):
+                 folder: Path | None = None, enforce_eager: bool = False):
         vllm = import_vllm()
         self.tokenizer = tokenizer
         self.dtype = dtype
@@ -120,7 +122,8 @@ class VLLMEngine:
         self.llm = vllm.LLM(model=str(self.folder), dtype=dtype, seed=seed, logprobs_mode="processed_logprobs",
                             gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                             enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
-                            max_model_len=max_model_len, enable_sleep_mode=self.sleep_mode, **placement)
+                            max_model_len=max_model_len, enable_sleep_mode=self.sleep_mode,
+                            enforce_eager=enforce_eager, **placement)
         self._vllm = vllm
         self._ids = itertools.count()
         self._lock = threading.Lock()  # guards _pending, _working and _running, shared with the worker thread

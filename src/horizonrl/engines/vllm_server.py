@@ -29,18 +29,21 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def vllm_server(folder: Path, gpu_memory_utilization: float = 0.2, dtype: str = "auto", on_cpu: bool = True,
-                startup_s: float = 300.0) -> Iterator[tuple[str, subprocess.Popen]]:
+                startup_s: float = 300.0, enforce_eager: bool = False) -> Iterator[tuple[str, subprocess.Popen]]:
     """Serve `folder` on 127.0.0.1 (a free port) as model "served" until the block ends; yields (the
-    /v1 URL, the server process). Its output goes to folder/server.log. RuntimeError with the log's
+    /v1 URL, the server process). `enforce_eager`: vLLM's --enforce-eager (no torch.compile of the model: a
+    faster start, a slower decode). Its output goes to folder/server.log. RuntimeError with the log's
     tail when it exits or is not ready within `startup_s`."""
     port = free_port()
     log_path = Path(folder) / "server.log"
     whole_prompts = ["--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"] if on_cpu else []
+    eager = ["--enforce-eager"] if enforce_eager else []
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
              "--port", str(port), "--dtype", dtype, "--gpu-memory-utilization", str(gpu_memory_utilization),
-             "--seed", "0", "--logprobs-mode", "processed_logprobs", "--served-model-name", "served", *whole_prompts],
+             "--seed", "0", "--logprobs-mode", "processed_logprobs", "--served-model-name", "served", *whole_prompts,
+             *eager],
             env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)
         try:

@@ -44,7 +44,8 @@ def make_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: tor
         folder = None if weights_dir is None else weights_dir / f"rank{os.environ.get('RANK', '0')}"
         return VLLMEngine(model, tokenizer, seed, dtype, memory, options.tensor_parallel_size,
                           options.enable_prefix_caching, options.max_num_seqs or rollout.max_batch_size,
-                          options.max_model_len, options.enable_sleep_mode, device, tensors, folder)
+                          options.max_model_len, options.enable_sleep_mode, device, tensors, folder,
+                          options.enforce_eager)
     if rollout.engine == "openai":
         from horizonrl.engines.openai_server import OpenAIServerEngine
 
