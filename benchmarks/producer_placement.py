@@ -69,7 +69,7 @@ def unit(ctx: RunContext, load: str):
         estimate_advantages(batch, ctx.cfg.ppo, ctx.ranks)
         minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
                           [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, Stats()),
-                           (ctx.actor_opt, ctx.actor_loss, optim.grad_clip, Stats())], ctx.ranks)
+                           (ctx.actor_opt, ctx.actor_loss(1), optim.grad_clip, Stats())], ctx.ranks)
         return 0
     return update
 

@@ -127,7 +127,7 @@ class HorizonrlGRPO:
         group_advantages_to_tokens(batch, ctx.cfg.algorithm)
         clock.lap("score")
         minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
-                          [(ctx.actor_opt, ctx.actor_loss, optim.grad_clip, Stats())])
+                          [(ctx.actor_opt, ctx.actor_loss(1), optim.grad_clip, Stats())])
         sync_engine(ctx)
         clock.lap("update")
         return clock.laps, statistics.mean(len(g.token_ids) for g in generations)

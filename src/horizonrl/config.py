@@ -374,6 +374,10 @@ class ActorConfig(Section):
     clip_high: float = Field(0.2, ge=0)
     dual_clip: float | None = Field(3.0, gt=1)
     entropy_coef: float = 0.001
+    entropy_decay: Literal["constant", "linear"] = Field(
+        "constant", description="linear: the entropy bonus at iteration i is entropy_coef x (1 - (i - 1) / "
+                                "iterations), from entropy_coef at the first update towards 0 at the last "
+                                "(algos/losses.py entropy_coef_at)")
     kl_loss_coef: float = Field(0.0, ge=0, description="k3 KL to the reference in the actor loss (GRPO's beta)")
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     tis_cap: float | None = Field(

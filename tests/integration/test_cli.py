@@ -48,6 +48,14 @@ def test_train_writes_run_folder_metrics_and_checkpoint(tmp_path, capsys):
     assert model.config.vocab_size >= len(tokenizer)
 
 
+def test_each_update_logs_its_linearly_decayed_entropy_bonus(tmp_path):
+    assert main(["train", TOY, *SMALL, "actor.entropy_coef=0.01", "actor.entropy_decay=linear", f"output_dir={tmp_path}",
+                 "--quiet"]) == 0
+    (run_dir,) = tmp_path.iterdir()
+    records = read_metrics(run_dir / "metrics.jsonl")[1:]    # updates 1 and 2 of 2: 0.01 x (1, 1/2)
+    assert [r["train/actor/entropy_coef"] for r in records] == pytest.approx([0.01, 0.005])
+
+
 def test_checkpoint_loads_back_as_model_path(tmp_path):
     assert main(["train", TOY, *SMALL, "iterations=0", f"output_dir={tmp_path / 'a'}", "--quiet"]) == 0
     (run_dir,) = (tmp_path / "a").iterdir()

@@ -8,6 +8,7 @@ import torch
 from horizonrl.algos.losses import (
     aggregate,
     approx_kl,
+    entropy_coef_at,
     explained_variance,
     first_token_weights,
     ppo_policy_loss,
@@ -337,3 +338,11 @@ def test_tis_cap_weights_each_tokens_policy_gradient_term(river_tiny):
     without_engine = {k: v for k, v in mb.items() if k != "logp_engine"}
     with pytest.raises(ValueError, match="tis_cap .* engine returns none"):
         actor_loss_fn(*args, tis_cap=2.0)(without_engine, 3.0, 1.0)
+
+
+def test_entropy_coef_decays_linearly_from_the_first_update_towards_zero():
+    # 0.01 over 4 updates: 0.01 x (1, 3/4, 2/4, 1/4)
+    assert [entropy_coef_at(0.01, "linear", i, 4) for i in range(1, 5)] == pytest.approx([0.01, 0.0075, 0.005, 0.0025])
+    assert [entropy_coef_at(0.01, "constant", i, 4) for i in (1, 4)] == [0.01, 0.01]
+    with pytest.raises(ValueError, match="actor.entropy_decay must be constant or linear, got 'cosine'"):
+        entropy_coef_at(0.01, "cosine", 1, 4)

@@ -80,6 +80,20 @@ def tis_weights(logp_old: Tensor, logp_engine: Tensor, cap: float, mode: str = "
     return (rho.clamp(max=cap) if mode == "truncate" else torch.where(rho <= cap, rho, 0.0)).detach()
 
 
+def entropy_coef_at(entropy_coef: float, decay: str, iteration: int, iterations: int) -> float:
+    """The entropy bonus of update `iteration` (1..iterations): constant, or linear decay
+
+        c_i = entropy_coef * (1 - (i - 1) / iterations)
+
+    (c_1 = entropy_coef, c_iterations = entropy_coef / iterations): exploration early, a sharper policy
+    (its greedy actions closer to its sampled ones) late; CleanRL decays its learning rate so."""
+    if decay == "constant":
+        return entropy_coef
+    if decay == "linear":
+        return entropy_coef * (1 - (iteration - 1) / iterations)
+    raise ValueError(f"actor.entropy_decay must be constant or linear, got {decay!r}")
+
+
 def approx_kl(logp: Tensor, logp_old: Tensor) -> Tensor:
     """Per-token k3 estimate of KL(pi_old || pi): (rho - 1) - log rho, rho = exp(logp - logp_old), that is
     kl_estimate(logp_old, logp, "k3"), with its log-ratio bound."""

@@ -30,6 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from horizonrl import envs as env_registry
+from horizonrl.algos.losses import entropy_coef_at
 from horizonrl.config import MicroBatchBudget, TrainConfig, dump
 from horizonrl.engines.base import TrainingEngine
 from horizonrl.envs.pool import open_envs
@@ -69,7 +70,6 @@ class RunContext:
     actor: PreTrainedModel
     reference: PreTrainedModel | AdaptersOff
     actor_opt: torch.optim.Optimizer
-    actor_loss: LossFn
     engine: TrainingEngine
     collector: Collector
     metrics: MetricsSinks | None
@@ -86,6 +86,17 @@ class RunContext:
     @property
     def pad_id(self) -> int:
         return pad_token_id(self.tokenizer)
+
+    def entropy_coef(self, iteration: int) -> float:
+        actor = self.cfg.actor
+        return entropy_coef_at(actor.entropy_coef, actor.entropy_decay, iteration, self.cfg.iterations)
+
+    def actor_loss(self, iteration: int) -> LossFn:
+        """The actor's loss of update `iteration` (its entropy bonus: `entropy_coef`)."""
+        cfg = self.cfg
+        return actor_loss_fn(self.actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
+                             self.entropy_coef(iteration), cfg.actor.loss_agg, cfg.rollout.temperature,
+                             cfg.actor.kl_loss_coef, cfg.actor.tis_cap, cfg.actor.tis_mode)
 
 
 def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: ResumePoint | None,
@@ -120,9 +131,6 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
                                  lambda: engine.state_dict()["weights_version"], lambda: engine.in_flight_at_sync)
     critic_opt = critic_loss = None
     actor_opt = adamw(trainable(actor), cfg.actor.lr, cfg.optim.weight_decay)
-    actor_loss = actor_loss_fn(actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
-                               cfg.actor.entropy_coef, cfg.actor.loss_agg, cfg.rollout.temperature,
-                               cfg.actor.kl_loss_coef, cfg.actor.tis_cap, cfg.actor.tis_mode)
     if critic is not None:
         critic_opt = adamw(trainable(critic), cfg.critic.lr, cfg.optim.weight_decay)
         critic_loss = critic_loss_fn(critic, cfg.critic.value_clip, cfg.critic.first_token_weight)
@@ -135,7 +143,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         first_iteration = 0 if warmup else 1
     metrics = MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json"), first_iteration) \
         if ranks.is_main else None
-    return RunContext(cfg, run_dir, device, tokenizer, actor, reference, actor_opt, actor_loss, engine, collector,
+    return RunContext(cfg, run_dir, device, tokenizer, actor, reference, actor_opt, engine, collector,
                       metrics, Checkpointer(run_dir, state, cfg, signals), shuffle,
                       micro_batch_budget(cfg, device, ranks.world_size), first_iteration,
                       critic, critic_opt, critic_loss, ranks)

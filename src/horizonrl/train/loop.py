@@ -178,11 +178,12 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
     actor_stats, critic_stats = Stats(), Stats()
     minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
                       [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, critic_stats),
-                       (ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)], ctx.ranks)
+                       (ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
     sync_engine(ctx)
     clock.lap("update")
     return log_iteration(ctx, i, "ppo", episodes, batch, clock.laps,
-                         {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/")})
+                         {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"),
+                          "train/actor/entropy_coef": ctx.entropy_coef(i)})
 
 
 def group_iteration(ctx: RunContext, i: int) -> dict:
@@ -206,13 +207,14 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     clock.lap("score")
     actor_stats = Stats()
     minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
-                      [(ctx.actor_opt, ctx.actor_loss, optim.grad_clip, actor_stats)], ctx.ranks)
+                      [(ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
     sync_engine(ctx)
     clock.lap("update")
     outcome_sum, n_kept = ctx.ranks.sum([sum(e.outcome_reward for e in kept), len(kept)])
     outcome = outcome_sum / max(n_kept, 1)
     return log_iteration(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
-                         {**actor_stats.means("train/actor/"), "train/outcome_reward_mean": outcome, **step_stats})
+                         {**actor_stats.means("train/actor/"), "train/actor/entropy_coef": ctx.entropy_coef(i),
+                          "train/outcome_reward_mean": outcome, **step_stats})
 
 
 def critic_warmup_iteration(ctx: RunContext) -> dict:
