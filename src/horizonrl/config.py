@@ -363,6 +363,10 @@ class OptimConfig(Section):
         "auto", description="rows x longest row per forward/backward pass; replaces micro_batch_size when set. "
                             "auto: on CUDA the largest budget that `horizonrl plan` says fits the GPU's memory, on "
                             "a CPU none (train/context.micro_batch_budget)")
+    shared_prefix: bool = Field(
+        False, description="rows of a micro-batch that share a prefix of at least 32 tokens run it once "
+                           "(learner/shared_prefix.py: the plain forward's values up to summation order); not "
+                           "with dist.activation_checkpointing")
 
 
 class ActorConfig(Section):
@@ -611,6 +615,15 @@ class TrainConfig(Section):
         if self.rollout.engine == "vllm" and self.rollout.vllm.enable_sleep_mode:
             raise InvalidKey("rollout.vllm.enable_sleep_mode", "asynchronous training keeps sampling while the "
                                                                "learner updates: vLLM cannot sleep then")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_prefixes_are_not_recomputed(self) -> TrainConfig:
+        """A shared prefix's keys and values live in a cache that a checkpointed layer's recomputation in
+        backward would append to a second time."""
+        if self.optim.shared_prefix and self.dist.activation_checkpointing:
+            raise InvalidKey("optim.shared_prefix", "is not supported with dist.activation_checkpointing=true "
+                                                    "(the recomputed layers would extend the prefix's cache again)")
         return self
 
     @model_validator(mode="after")

@@ -14,6 +14,7 @@ from horizonrl.config import ConfigError
 from horizonrl.engines.hf import copy_weights
 from horizonrl.learner.gguf import PACKAGED_GGUF, gguf_folder, packaged_gguf
 from horizonrl.learner.lora import merged_parameters
+from horizonrl.learner.shared_prefix import body_hidden
 
 
 BUILTIN = "builtin:"
@@ -161,6 +162,5 @@ class ValueModel(nn.Module):
         return cls(copy.deepcopy(policy.base_model), policy.config.hidden_size).to(policy.device)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               use_cache=False).last_hidden_state
+        hidden = body_hidden(self.backbone, input_ids, attention_mask)
         return self.value_head(hidden).sum(-1).float()   # [B, T, 1] -> [B, T], a new tensor (not a view)

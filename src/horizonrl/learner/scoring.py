@@ -19,6 +19,7 @@ from horizonrl.learner.chunked_logits import LOGIT_CHUNK_TOKENS, chunked_logp_en
 from horizonrl.learner.device import autocast, autocast_dtype
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.lora import AdaptersOff, adapters_disabled, lm_body
+from horizonrl.learner.shared_prefix import body_hidden
 from horizonrl.samples.tensors import pad
 
 
@@ -65,7 +66,7 @@ def sampled_positions(policy, input_ids: Tensor, attention_mask: Tensor, loss_ma
     positions t-1 that predict sampled tokens t, those tokens' ids, and where the positions are.
     `policy` is a causal LM, plain or PEFT-wrapped (its body runs with the adapters, see lm_body)."""
     with autocast(input_ids.device):
-        hidden = lm_body(policy)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        hidden = body_hidden(lm_body(policy), input_ids, attention_mask)
     predicts = loss_mask[:, 1:].bool()            # hidden[:, t-1] predicts token t
     return hidden[:, :-1][predicts], input_ids[:, 1:][predicts], predicts
 

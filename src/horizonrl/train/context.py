@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -36,8 +36,9 @@ from horizonrl.engines.base import TrainingEngine
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import autocast_dtype, resolve_device
 from horizonrl.learner.distributed import LOCAL, Ranks
-from horizonrl.learner.lora import AdaptersOff, add_adapters, merged_parameters
+from horizonrl.learner.lora import AdaptersOff, add_adapters, lm_body, merged_parameters
 from horizonrl.learner.models import ValueModel, engine_copy, frozen_copy, load_policy, pad_token_id
+from horizonrl.learner.shared_prefix import Sharing, share_prefixes
 from horizonrl.learner.sharded_start import sharded_networks
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
 from horizonrl.plan import GIB, auto_token_budget
@@ -61,7 +62,8 @@ class RunContext:
     `first_iteration` is where the run starts: 0 (the critic warmup), 1, or after a resumed checkpoint.
     `ranks`: this process among the run's processes (torchrun); `metrics` is None except on rank 0.
     `micro_batch_budget`: what one forward/backward pass of the learner may hold (`micro_batch_budget`).
-    `splits_explained`: the run was told why its merged rows split (train/loop.py explain_splits)."""
+    `splits_explained`: the run was told why its merged rows split (train/loop.py explain_splits).
+    `sharing`: with optim.shared_prefix, each network body's prefix sharing and its counts."""
 
     cfg: TrainConfig
     run_dir: Path
@@ -82,6 +84,7 @@ class RunContext:
     critic_loss: LossFn | None = None
     ranks: Ranks = LOCAL
     splits_explained: bool = False
+    sharing: list[Sharing] = field(default_factory=list)
 
     @property
     def pad_id(self) -> int:
@@ -129,6 +132,9 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         if cfg.rollout.async_training.max_staleness:   # an hf engine samples from a copy of its own
             collector = Producer(collector, cfg.rollout.async_training.max_staleness,
                                  lambda: engine.state_dict()["weights_version"], lambda: engine.in_flight_at_sync)
+    sharing = [share_prefixes(network.backbone if isinstance(network, ValueModel) else lm_body(network))
+               for network in (actor, critic, reference)
+               if cfg.optim.shared_prefix and network is not None and not isinstance(network, AdaptersOff)]
     critic_opt = critic_loss = None
     actor_opt = adamw(trainable(actor), cfg.actor.lr, cfg.optim.weight_decay)
     if critic is not None:
@@ -146,7 +152,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     return RunContext(cfg, run_dir, device, tokenizer, actor, reference, actor_opt, engine, collector,
                       metrics, Checkpointer(run_dir, state, cfg, signals), shuffle,
                       micro_batch_budget(cfg, device, ranks.world_size), first_iteration,
-                      critic, critic_opt, critic_loss, ranks)
+                      critic, critic_opt, critic_loss, ranks, sharing=sharing)
 
 
 def micro_batch_budget(cfg: TrainConfig, device: torch.device, gpus: int) -> MicroBatchBudget:

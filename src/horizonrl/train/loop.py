@@ -282,7 +282,9 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
     """The iteration's record: env statistics of every collected episode, the collector's counts (the
     gateway's, `gateway/*`), the update's statistics (with the KL to the reference and the sampler's
     consistency), the batch's (data, critic fit), throughput and timings; every rank's, reduced from each
-    rank's sums and counts (no episode or row crosses the ranks). `timing/rollout_s` is how long the batch took
+    rank's sums and counts (no episode or row crosses the ranks). With optim.shared_prefix,
+    `perf/shared_prefix_share`: the share of the learner's row tokens (scoring and update) computed once for rows
+    that share them. `timing/rollout_s` is how long the batch took
     to play: the learner's wait for it, or with a producer (rollout.async_training) the producer's time from the
     batch's start to its delivery, the learner's wait being `async/learner_wait_s`."""
     counts = ctx.collector.counts
@@ -300,6 +302,9 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
               **timings}
     if producer is not None:
         record.update(producer.metrics(ctx.ranks))
+    if ctx.sharing:                 # optim.shared_prefix: the learner's row tokens a shared prefix's pass stood for
+        tokens, skipped = ctx.ranks.sum([sum(counts) for counts in zip(*(s.taken() for s in ctx.sharing))])
+        record["perf/shared_prefix_share"] = skipped / max(tokens, 1)
     explain_splits(ctx, record)
     return write_records(ctx, record, batch)
 
