@@ -23,9 +23,9 @@ def pooled_success(records):
 @pytest.mark.slow
 def test_toy_recipe_reaches_90_percent_success(tmp_path, toy_start):
     started = time.perf_counter()
-    # 22 of the recipe's 60 iterations: from the shared warm start this run is at 1.00 from iteration 14 (the last
-    # 5 iterations, pooled, are what is asserted), the learning table's seed-0 run from iteration 20 (BENCHMARKS.md)
-    run_dir = train(load_config(TOY, ["iterations=22", *toy_start, f"output_dir={tmp_path}"]), progress=False)
+    # 16 of the recipe's 60 iterations: from the shared warm start this run (2026-11-27, on the 2-core AMD EPYC) was
+    # at 0.95 at iteration 10 and 1.00 from 11 to 22; the last 5 iterations, pooled, are what is asserted
+    run_dir = train(load_config(TOY, ["iterations=16", *toy_start, f"output_dir={tmp_path}"]), progress=False)
     minutes = (time.perf_counter() - started) / 60
     records = read_metrics(run_dir / "metrics.jsonl")
     curve = [(r["iteration"], r["env/success_rate"] if r["env/episodes"] == 0 else round(r["env/success_rate"], 2))
