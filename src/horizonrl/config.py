@@ -339,16 +339,18 @@ class RolloutConfig(Section):
 @dataclass(frozen=True)
 class MicroBatchBudget:
     """What one forward/backward pass may hold: `rows` rows, or, when `tokens` is set, rows x longest
-    row <= tokens (see `learner.scoring.pack_rows`)."""
+    row <= tokens (see `learner.scoring.pack_rows`). `shared_prefix` (optim.shared_prefix): the rows are
+    packed in the order of their tokens, so that rows sharing a prefix share a micro-batch."""
 
     rows: int
     tokens: int | None = None
+    shared_prefix: bool = False
 
     def halved(self) -> MicroBatchBudget:
         """Half the token budget, or half the rows when there is none (never below 1)."""
         if self.tokens is None:
-            return MicroBatchBudget(max(1, self.rows // 2))
-        return MicroBatchBudget(self.rows, max(1, self.tokens // 2))
+            return MicroBatchBudget(max(1, self.rows // 2), None, self.shared_prefix)
+        return MicroBatchBudget(self.rows, max(1, self.tokens // 2), self.shared_prefix)
 
 
 class OptimConfig(Section):

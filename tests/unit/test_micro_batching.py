@@ -27,6 +27,9 @@ def test_pack_rows_by_hand():
     assert pack_rows([5, 3, 9, 2], MicroBatchBudget(rows=4, tokens=10)) == [[2], [0, 1], [3]]
     assert pack_rows([5, 3, 9, 2, 7], MicroBatchBudget(rows=2)) == [[0, 1], [2, 3], [4]]
     assert pack_rows([], MicroBatchBudget(rows=2, tokens=10)) == []
+    # shared_prefix: in the given order (the rows' token order); [5, 3] is 2 x 5 = 10, [9] alone, [2]
+    assert pack_rows([5, 3, 9, 2], MicroBatchBudget(rows=4, tokens=10, shared_prefix=True)) == [[0, 1], [2], [3]]
+    assert pack_rows([3, 5, 2, 9], MicroBatchBudget(rows=4, tokens=10, shared_prefix=True)) == [[0, 1], [2], [3]]
 
 
 @given(st.lists(st.integers(1, 50), max_size=30), st.integers(1, 120))
@@ -159,7 +162,7 @@ def test_out_of_memory_retries_the_step_with_half_the_budget(policy, data, error
 
 
 def test_out_of_memory_again_after_halving_is_an_error_naming_the_budget(policy, data):
-    with pytest.raises(RuntimeError, match=r"MicroBatchBudget\(rows=1, tokens=512\)"):
+    with pytest.raises(RuntimeError, match=r"MicroBatchBudget\(rows=1, tokens=512, shared_prefix=False\)"):
         step(policy, data, MicroBatchBudget(1, 1024), "token-mean", out_of_memory_above(300))
 
 

@@ -19,7 +19,7 @@ from horizonrl.learner.chunked_logits import LOGIT_CHUNK_TOKENS, chunked_logp_en
 from horizonrl.learner.device import autocast, autocast_dtype
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.lora import AdaptersOff, adapters_disabled, lm_body
-from horizonrl.learner.shared_prefix import body_hidden
+from horizonrl.learner.shared_prefix import body_hidden, in_token_order
 from horizonrl.samples.tensors import pad
 
 
@@ -89,18 +89,23 @@ def pack_rows(lengths: list[int], budget: MicroBatchBudget) -> list[list[int]]:
     """Positions 0..n-1 of `lengths` grouped into micro-batches, each position exactly once.
 
     Rows budget: consecutive runs of `budget.rows` positions. Token budget: positions sorted longest
-    first and packed greedily while len(group) * longest(group) <= budget.tokens, so a micro-batch is
-    padded only up to its own longest row; a row longer than the budget is a micro-batch alone.
+    first (with `budget.shared_prefix`, in their order: the caller's, by their tokens) and packed greedily
+    while len(group) * longest(group) <= budget.tokens, so a micro-batch is padded only up to its own
+    longest row; a row longer than the budget is a micro-batch alone.
     """
     if budget.tokens is None:
         return [list(range(begin, min(begin + budget.rows, len(lengths))))
                 for begin in range(0, len(lengths), budget.rows)]
+    order = range(len(lengths)) if budget.shared_prefix else sorted(range(len(lengths)), key=lambda i: -lengths[i])
     groups: list[list[int]] = []
-    for position in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget.tokens:
+    longest = 0
+    for position in order:
+        if groups and (len(groups[-1]) + 1) * max(longest, lengths[position]) <= budget.tokens:
             groups[-1].append(position)
+            longest = max(longest, lengths[position])
         else:
             groups.append([position])
+            longest = lengths[position]
     return groups
 
 
@@ -140,7 +145,11 @@ def score(data: dict[str, Tensor], budget: MicroBatchBudget, temperature: float 
             out[key] = torch.zeros(data["input_ids"].shape, dtype=value.dtype, device=value.device)
         out[key][rows, :value.shape[1]] = value
 
-    for rows in padded_groups(pack_rows(data["attention_mask"].sum(dim=1).tolist(), budget), ranks):
+    order = in_token_order(data, range(data["input_ids"].shape[0])) if budget.shared_prefix \
+        else list(range(data["input_ids"].shape[0]))
+    lengths = data["attention_mask"][order].sum(dim=1).tolist()
+    packed = [[order[i] for i in group] for group in pack_rows(lengths, budget)]
+    for rows in padded_groups(packed, ranks):
         mb = select_rows(data, rows) if rows is not None else empty_micro_batch(data)
         args = (mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
         if actor is not None:

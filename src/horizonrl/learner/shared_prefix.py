@@ -53,6 +53,15 @@ def prefix_groups(rows: list[list[int]], min_shared: int = MIN_SHARED_TOKENS) ->
     return best(0, len(rows))[1]
 
 
+def in_token_order(data: dict[str, Tensor], rows) -> list[int]:
+    """`rows` (positions in data's [R, T] tensors) sorted by their tokens: rows that share a prefix next to each
+    other, for micro-batches that share it (MicroBatchBudget.shared_prefix)."""
+    rows = list(rows)
+    lengths = data["attention_mask"][rows].sum(dim=1).tolist()
+    tokens = [ids[:n] for ids, n in zip(data["input_ids"][rows].tolist(), lengths)]
+    return [rows[i] for i in sorted(range(len(rows)), key=lambda i: tokens[i])]
+
+
 SETTING = "horizonrl_shared_prefix"   # the attribute of a body that shares prefixes: its Sharing
 
 

@@ -167,7 +167,7 @@ def micro_batch_budget(cfg: TrainConfig, device: torch.device, gpus: int) -> Mic
             tokens = auto_token_budget(cfg, gpus, gpu_bytes)
             log.info("micro-batches of at most %d tokens (optim.max_tokens_per_micro_batch=auto: the largest budget "
                      "`horizonrl plan` fits in %.1f GiB on %d GPU%s)", tokens, gpu_bytes / GIB, gpus, "s" * (gpus > 1))
-    return MicroBatchBudget(cfg.optim.micro_batch_size, tokens)
+    return MicroBatchBudget(cfg.optim.micro_batch_size, tokens, cfg.optim.shared_prefix)
 
 
 def local_networks(cfg: TrainConfig, actor: PreTrainedModel, device: torch.device
