@@ -19,6 +19,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from horizonrl.engines.hf import cache_keyword
+
 MIN_SHARED_TOKENS = 32   # a shorter shared prefix is computed per row: two passes cost more than it saves
 
 
@@ -119,10 +121,13 @@ def group_hidden(body, input_ids: Tensor, attention_mask: Tensor, prefix: int) -
     """Hidden states [n, T, H] of n rows whose first `prefix` tokens are the same: the prefix's pass on one
     row, then the suffixes' pass over its keys and values expanded to the n rows."""
     n = input_ids.shape[0]
-    head = body(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True)
+    keyword = cache_keyword(body)
+    prefix_cache = DynamicCache()
+    head = body(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
+                **{keyword: prefix_cache})
     cache = DynamicCache(ddp_cache_data=[(layer.keys.expand(n, -1, -1, -1), layer.values.expand(n, -1, -1, -1))
-                                         for layer in head.past_key_values.layers])
+                                         for layer in prefix_cache.layers])
     positions = torch.arange(prefix, input_ids.shape[1], device=input_ids.device).expand(n, -1)
-    tail = body(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, past_key_values=cache,
-                position_ids=positions, use_cache=True).last_hidden_state
+    tail = body(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, position_ids=positions,
+                use_cache=True, **{keyword: cache}).last_hidden_state
     return torch.cat([head.last_hidden_state.expand(n, -1, -1), tail], dim=1)
