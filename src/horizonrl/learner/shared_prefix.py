@@ -55,12 +55,16 @@ def prefix_groups(rows: list[list[int]], min_shared: int = MIN_SHARED_TOKENS) ->
     return best(0, len(rows))[1]
 
 
+def row_tokens(input_ids: Tensor, attention_mask: Tensor) -> list[list[int]]:
+    """Each right-padded row's tokens, without its padding."""
+    return [ids[:n] for ids, n in zip(input_ids.tolist(), attention_mask.sum(dim=1).tolist())]
+
+
 def in_token_order(data: dict[str, Tensor], rows) -> list[int]:
     """`rows` (positions in data's [R, T] tensors) sorted by their tokens: rows that share a prefix next to each
     other, for micro-batches that share it (MicroBatchBudget.shared_prefix)."""
     rows = list(rows)
-    lengths = data["attention_mask"][rows].sum(dim=1).tolist()
-    tokens = [ids[:n] for ids, n in zip(data["input_ids"][rows].tolist(), lengths)]
+    tokens = row_tokens(data["input_ids"][rows], data["attention_mask"][rows])
     return [rows[i] for i in sorted(range(len(rows)), key=lambda i: tokens[i])]
 
 
@@ -95,10 +99,9 @@ def body_hidden(body, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     sharing: Sharing | None = getattr(body, SETTING, None)
     if sharing is None or input_ids.shape[0] < 2:
         return plain_hidden(body, input_ids, attention_mask)
-    lengths = attention_mask.sum(dim=1).tolist()
-    rows = [ids[:n] for ids, n in zip(input_ids.tolist(), lengths)]
+    rows = row_tokens(input_ids, attention_mask)
     groups = prefix_groups(rows, sharing.min_shared)
-    sharing.tokens += sum(lengths)
+    sharing.tokens += sum(map(len, rows))
     sharing.skipped += sum((len(group) - 1) * prefix for group, prefix in groups)
     if not groups:
         return plain_hidden(body, input_ids, attention_mask)
