@@ -64,16 +64,18 @@ def test_the_real_models_hidden_states_and_gradients_equal_the_plain_forwards():
     assert hidden_gap <= 1e-4 and grad_gap <= 1e-4
 
 
-def test_a_toy_run_sharing_prefixes_trains_as_one_that_does_not(tmp_path):
+@pytest.mark.parametrize("adapters", [[], ["model.lora={r: 4, alpha: 8}"]], ids=["full", "lora"])
+def test_a_toy_run_sharing_prefixes_trains_as_one_that_does_not(tmp_path, adapters):
     """optim.shared_prefix=true: the same first update (the same batch, sampled before any update) up to
-    summation order, and the share of the learner's row tokens its shared prefixes stood for."""
+    summation order, and the share of the learner's row tokens its shared prefixes stood for; with LoRA
+    adapters too (the reference: the actor's body with its adapters off)."""
     from horizonrl.cli import main
     from horizonrl.config import SOURCE_CONFIGS
     from horizonrl.report.metrics import read_metrics
 
     small = [str(SOURCE_CONFIGS / "toy.yaml"), "iterations=1", "rollout.n_env=4", "ppo.e_len=4",
              "optim.mini_batch_size=16", "optim.micro_batch_size=16", "critic.warmup_batches=1",
-             "critic.warmup_iters=1", "model.warm_start.steps=20", "model.warm_start.iterations=1"]
+             "critic.warmup_iters=1", "model.warm_start.steps=20", "model.warm_start.iterations=1", *adapters]
     records = {}
     for shared in ("false", "true"):
         assert main(["train", *small, f"optim.shared_prefix={shared}", f"output_dir={tmp_path / shared}",
