@@ -11,8 +11,8 @@ THINK/ACTION format; train/demonstrations.py), `--episodes` episodes on each of 
 - merged: the episodes played with agent.history=full, each merged into one row (samples/merge.py); actor and
   critic.
 The update: `learner.update.minibatch_updates`, one epoch, the whole batch one mini-batch, in micro-batches of
-`--micro-batch-size` rows (the recipe's 4), AdamW steps at lr 1e-7; timed once after an untimed run on the
-same batch. Tokens per second count every attended row token, as without sharing; `ratio` = tokens/s with
+`--micro-batch-size` rows (the recipe's 4), AdamW steps at lr 1e-7; timed once, after an untimed run on two
+of its rows. Tokens per second count every attended row token, as without sharing; `ratio` = tokens/s with
 sharing over without; `shared_share` = the share of row tokens a shared prefix's single pass stood for.
 """
 
@@ -27,6 +27,7 @@ import torch
 from horizonrl.config import SOURCE_CONFIGS, MicroBatchBudget, load_config
 from horizonrl.learner.lora import lm_body
 from horizonrl.learner.models import ValueModel, load_policy, pad_token_id
+from horizonrl.learner.scoring import select_rows
 from horizonrl.learner.shared_prefix import SETTING, share_prefixes
 from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
 from horizonrl.records import Episode, Turn
@@ -83,17 +84,17 @@ def update_seconds(actor, critic, data, micro_batch_size: int, shared: bool) -> 
             share_prefixes(body)
         else:
             vars(body).pop(SETTING, None)
-    rows = len(data["input_ids"])
     budget = MicroBatchBudget(micro_batch_size, None, shared)
-    for timed in (False, True):
+    for batch in (select_rows(data, [0, 1]), data):      # a warm-up on two rows, then the batch, timed
         steps = [(torch.optim.AdamW(actor.parameters(), lr=1e-7),
                   actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0), 1.0, Stats())]
         if critic is not None:
             steps.insert(0, (torch.optim.AdamW(critic.parameters(), lr=1e-7), critic_loss_fn(critic, 0.5, 1.0),
                              1.0, Stats()))
-        counts = [getattr(body, SETTING).taken() for body in bodies] if shared else []
+        for body in bodies if shared else []:
+            getattr(body, SETTING).taken()             # the counts of this pass alone
         started = time.perf_counter()
-        minibatch_updates(data, rows, budget, 1, torch.Generator().manual_seed(0), steps)
+        minibatch_updates(batch, len(batch["input_ids"]), budget, 1, torch.Generator().manual_seed(0), steps)
         seconds = time.perf_counter() - started
     counts = [getattr(body, SETTING).taken() for body in bodies] if shared else [(1, 0)]
     return seconds, sum(skipped for _, skipped in counts) / max(sum(tokens for tokens, _ in counts), 1)
