@@ -368,7 +368,7 @@ class OptimConfig(Section):
     shared_prefix: bool = Field(
         False, description="rows of a micro-batch that share a prefix of at least 32 tokens run it once "
                            "(learner/shared_prefix.py: the plain forward's values up to summation order); not "
-                           "with dist.activation_checkpointing")
+                           "with dist.activation_checkpointing, nor under torchrun")
 
 
 class ActorConfig(Section):
@@ -383,7 +383,7 @@ class ActorConfig(Section):
     entropy_decay: Literal["constant", "linear"] = Field(
         "constant", description="linear: the entropy bonus at iteration i is entropy_coef x (1 - (i - 1) / "
                                 "iterations), from entropy_coef at the first update towards 0 at the last "
-                                "(algos/losses.py entropy_coef_at)")
+                                "(algos/losses.py entropy_coef_at); a run its budget stops early stops short of 0")
     kl_loss_coef: float = Field(0.0, ge=0, description="k3 KL to the reference in the actor loss (GRPO's beta)")
     loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     tis_cap: float | None = Field(
