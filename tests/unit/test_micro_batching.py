@@ -30,6 +30,11 @@ def test_pack_rows_by_hand():
     # shared_prefix: in the given order (the rows' token order); [5, 3] is 2 x 5 = 10, [9] alone, [2]
     assert pack_rows([5, 3, 9, 2], MicroBatchBudget(rows=4, tokens=10, shared_prefix=True)) == [[0, 1], [2], [3]]
     assert pack_rows([3, 5, 2, 9], MicroBatchBudget(rows=4, tokens=10, shared_prefix=True)) == [[0, 1], [2], [3]]
+    # rows of 100 tokens sharing 80 with the one before: P + n (100 - P) = 80 + 20n <= 200 holds n = 6 rows,
+    # where 2 rows (2 x 100) would fill the budget without sharing; a 31-token prefix is not shared
+    budget = MicroBatchBudget(rows=1, tokens=200, shared_prefix=True)
+    assert pack_rows([100] * 8, budget, [0] + [80] * 7) == [[0, 1, 2, 3, 4, 5], [6, 7]]
+    assert pack_rows([100] * 4, budget, [0] + [31] * 3) == [[0, 1], [2, 3]]
 
 
 @given(st.lists(st.integers(1, 50), max_size=30), st.integers(1, 120))

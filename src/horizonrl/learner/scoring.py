@@ -19,7 +19,7 @@ from horizonrl.learner.chunked_logits import LOGIT_CHUNK_TOKENS, chunked_logp_en
 from horizonrl.learner.device import autocast, autocast_dtype
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.lora import AdaptersOff, adapters_disabled, lm_body
-from horizonrl.learner.shared_prefix import body_hidden, in_token_order
+from horizonrl.learner.shared_prefix import MIN_SHARED_TOKENS, body_hidden, in_token_order, neighbour_prefixes
 from horizonrl.samples.tensors import pad
 
 
@@ -85,28 +85,39 @@ def _scatter(values: Tensor, predicts: Tensor) -> Tensor:
     return out
 
 
-def pack_rows(lengths: list[int], budget: MicroBatchBudget) -> list[list[int]]:
+def pack_rows(lengths: list[int], budget: MicroBatchBudget, shared: list[int] | None = None) -> list[list[int]]:
     """Positions 0..n-1 of `lengths` grouped into micro-batches, each position exactly once.
 
     Rows budget: consecutive runs of `budget.rows` positions. Token budget: positions sorted longest
-    first (with `budget.shared_prefix`, in their order: the caller's, by their tokens) and packed greedily
-    while len(group) * longest(group) <= budget.tokens, so a micro-batch is padded only up to its own
-    longest row; a row longer than the budget is a micro-batch alone.
+    first and packed greedily while len(group) * longest(group) <= budget.tokens, so a micro-batch is
+    padded only up to its own longest row; a row longer than the budget is a micro-batch alone.
+    With `budget.shared_prefix` the positions are packed in their order (the caller's: by their tokens) and
+    `shared[i]` is the prefix position i shares with position i - 1 (learner/shared_prefix.neighbour_prefixes):
+    a group whose rows share a prefix P of at least MIN_SHARED_TOKENS counts it once,
+    P + len(group) * (longest(group) - P).
     """
     if budget.tokens is None:
         return [list(range(begin, min(begin + budget.rows, len(lengths))))
                 for begin in range(0, len(lengths), budget.rows)]
-    order = range(len(lengths)) if budget.shared_prefix else sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if not budget.shared_prefix:
+        order, shared = sorted(range(len(lengths)), key=lambda i: -lengths[i]), [0] * len(lengths)
+    else:
+        order, shared = range(len(lengths)), shared or [0] * len(lengths)
     groups: list[list[int]] = []
-    longest = 0
     for position in order:
-        if groups and (len(groups[-1]) + 1) * max(longest, lengths[position]) <= budget.tokens:
+        if groups and packed_tokens(groups[-1] + [position], lengths, shared) <= budget.tokens:
             groups[-1].append(position)
-            longest = max(longest, lengths[position])
         else:
             groups.append([position])
-            longest = lengths[position]
     return groups
+
+
+def packed_tokens(group: list[int], lengths: list[int], shared: list[int]) -> int:
+    """The tokens a micro-batch of consecutive positions `group` computes (see pack_rows)."""
+    longest = max(lengths[i] for i in group)
+    prefix = min((shared[i] for i in group[1:]), default=0)
+    prefix = prefix if prefix >= MIN_SHARED_TOKENS else 0
+    return prefix + len(group) * (longest - prefix)
 
 
 def select_rows(data: dict[str, Tensor], rows: list[int]) -> dict[str, Tensor]:
@@ -148,7 +159,8 @@ def score(data: dict[str, Tensor], budget: MicroBatchBudget, temperature: float 
     order = in_token_order(data, range(data["input_ids"].shape[0])) if budget.shared_prefix \
         else list(range(data["input_ids"].shape[0]))
     lengths = data["attention_mask"][order].sum(dim=1).tolist()
-    packed = [[order[i] for i in group] for group in pack_rows(lengths, budget)]
+    shared = neighbour_prefixes(data, order) if budget.shared_prefix else None
+    packed = [[order[i] for i in group] for group in pack_rows(lengths, budget, shared)]
     for rows in padded_groups(packed, ranks):
         mb = select_rows(data, rows) if rows is not None else empty_micro_batch(data)
         args = (mb["input_ids"], mb["attention_mask"], mb["loss_mask"])

@@ -39,8 +39,7 @@ def prefix_groups(rows: list[list[int]], min_shared: int = MIN_SHARED_TOKENS) ->
     one group (it skips (rows - 1) x prefix tokens) or splits where neighbours share least, whichever skips
     more (a Cartesian-tree recursion over the neighbours' common prefixes)."""
     order = sorted(range(len(rows)), key=lambda i: rows[i])
-    shared = [min(common_prefix(rows[a], rows[b]), len(rows[a]) - 1, len(rows[b]) - 1)
-              for a, b in zip(order, order[1:])]
+    shared = shared_with_previous([rows[i] for i in order])[1:]
 
     def best(lo: int, hi: int) -> tuple[int, list[tuple[list[int], int]]]:   # sorted rows lo..hi-1
         if hi - lo < 2:
@@ -66,6 +65,17 @@ def in_token_order(data: dict[str, Tensor], rows) -> list[int]:
     rows = list(rows)
     tokens = row_tokens(data["input_ids"][rows], data["attention_mask"][rows])
     return [rows[i] for i in sorted(range(len(rows)), key=lambda i: tokens[i])]
+
+
+def shared_with_previous(rows: list[list[int]]) -> list[int]:
+    """For each row, the prefix it shares with the row before it (0 for the first), at most either's length
+    less one: a shared prefix leaves every row a token of its own."""
+    return [0] + [min(common_prefix(a, b), len(a) - 1, len(b) - 1) for a, b in zip(rows, rows[1:])]
+
+
+def neighbour_prefixes(data: dict[str, Tensor], rows: list[int]) -> list[int]:
+    """shared_with_previous of `rows` (positions in data's [R, T] tensors), in their order."""
+    return shared_with_previous(row_tokens(data["input_ids"][rows], data["attention_mask"][rows]))
 
 
 SETTING = "horizonrl_shared_prefix"   # the attribute of a body that shares prefixes: its Sharing

@@ -30,7 +30,7 @@ from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.distributed import LOCAL, Ranks, clip_grad_norm
 from horizonrl.learner.scoring import (empty_micro_batch, pack_rows, padded_groups, select_rows, token_logprobs,
                                        token_values)
-from horizonrl.learner.shared_prefix import in_token_order
+from horizonrl.learner.shared_prefix import in_token_order, neighbour_prefixes
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +114,14 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
     (the other ranks would wait in a collective). Skips (and counts in `skipped_updates`) the step
     when the loss or the gradient norm is not finite. Returns the budget the step ran with.
     """
+    shared = None
     if budget.shared_prefix:      # rows that share a prefix next to each other, then in the same micro-batches
         rows = in_token_order(data, rows)
+        shared = neighbour_prefixes(data, rows)
     lengths = data["attention_mask"][rows].sum(dim=1).tolist()
     for retry in (False, True):
         try:
-            packed = pack_rows(lengths, budget)
+            packed = pack_rows(lengths, budget, shared)
             groups = padded_groups([[rows[i] for i in group] for group in packed], ranks)
             loss_total, step_stats = accumulate_gradients(
                 optimizer, (select_rows(data, group) if group is not None else None for group in groups),
