@@ -28,7 +28,7 @@ from horizonrl.config import SOURCE_CONFIGS, MicroBatchBudget, load_config
 from horizonrl.learner.lora import lm_body
 from horizonrl.learner.models import ValueModel, load_policy, pad_token_id
 from horizonrl.learner.scoring import select_rows
-from horizonrl.learner.shared_prefix import SETTING, share_prefixes
+from horizonrl.learner.shared_prefix import SETTING, share_prefixes, stop_sharing
 from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
 from horizonrl.records import Episode, Turn
 from horizonrl.rollout.from_config import make_agent
@@ -83,7 +83,7 @@ def update_seconds(actor, critic, data, micro_batch_size: int, shared: bool) -> 
         if shared:
             share_prefixes(body)
         else:
-            vars(body).pop(SETTING, None)
+            stop_sharing(body)
     budget = MicroBatchBudget(micro_batch_size, None, shared)
     for batch in (select_rows(data, [0, 1]), data):      # a warm-up on two rows, then the batch, timed
         steps = [(torch.optim.AdamW(actor.parameters(), lr=1e-7),

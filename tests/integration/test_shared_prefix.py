@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from horizonrl.learner.lora import lm_body
-from horizonrl.learner.shared_prefix import SETTING, body_hidden, share_prefixes
+from horizonrl.learner.shared_prefix import body_hidden, share_prefixes, stop_sharing
 from horizonrl.samples.tensors import pad
 
 
@@ -28,7 +28,7 @@ def hidden_and_grads(model, input_ids, attention_mask, min_shared):
     if min_shared:
         share_prefixes(lm_body(model), min_shared)
     else:
-        vars(lm_body(model)).pop(SETTING, None)
+        stop_sharing(lm_body(model))
     hidden = body_hidden(lm_body(model), input_ids, attention_mask)
     weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(1)) * attention_mask[..., None]
     (hidden * weights).sum().backward()

@@ -1,6 +1,9 @@
-"""Which rows share a prefix, and how long (learner/shared_prefix.prefix_groups): expectations by hand."""
+"""Which rows share a prefix, and how long (learner/shared_prefix.prefix_groups, in_token_order): expectations by
+hand."""
 
-from horizonrl.learner.shared_prefix import prefix_groups
+import torch
+
+from horizonrl.learner.shared_prefix import in_token_order, prefix_groups
 
 
 def test_rows_sharing_a_prefix_form_one_group_and_a_row_alone_stays_out():
@@ -29,3 +32,12 @@ def test_prefixes_shorter_than_the_minimum_are_not_shared():
     rows = [[1] * 20 + [2], [1] * 20 + [3]]
     assert prefix_groups(rows, min_shared=32) == []
     assert prefix_groups(rows, min_shared=8) == [([0, 1], 20)]
+
+
+def test_rows_in_token_order_with_the_prefix_each_shares_with_the_one_before():
+    rows = [[5, 6, 7, 8], [1, 2, 3], [5, 6, 9], [1, 2, 3, 4]]
+    data = {"input_ids": torch.tensor([r + [0] * (4 - len(r)) for r in rows]),
+            "attention_mask": torch.tensor([[1] * len(r) + [0] * (4 - len(r)) for r in rows])}
+    # sorted: [1, 2, 3], [1, 2, 3, 4], [5, 6, 7, 8], [5, 6, 9]; [1, 2, 3] keeps its last token: 2 shared, not 3
+    assert in_token_order(data, range(4)) == ([1, 3, 0, 2], [0, 2, 0, 2])
+    assert in_token_order(data, [0, 2]) == ([0, 2], [0, 2])

@@ -19,7 +19,7 @@ from horizonrl.learner.chunked_logits import LOGIT_CHUNK_TOKENS, chunked_logp_en
 from horizonrl.learner.device import autocast, autocast_dtype
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.lora import AdaptersOff, adapters_disabled, lm_body
-from horizonrl.learner.shared_prefix import MIN_SHARED_TOKENS, body_hidden, in_token_order, neighbour_prefixes
+from horizonrl.learner.shared_prefix import MIN_SHARED_TOKENS, body_hidden, in_token_order
 from horizonrl.samples.tensors import pad
 
 
@@ -92,7 +92,7 @@ def pack_rows(lengths: list[int], budget: MicroBatchBudget, shared: list[int] | 
     first and packed greedily while len(group) * longest(group) <= budget.tokens, so a micro-batch is
     padded only up to its own longest row; a row longer than the budget is a micro-batch alone.
     With `budget.shared_prefix` the positions are packed in their order (the caller's: by their tokens) and
-    `shared[i]` is the prefix position i shares with position i - 1 (learner/shared_prefix.neighbour_prefixes):
+    `shared[i]` is the prefix position i shares with position i - 1 (learner/shared_prefix.in_token_order):
     a group whose rows share a prefix P of at least MIN_SHARED_TOKENS counts it once,
     P + len(group) * (longest(group) - P).
     """
@@ -156,10 +156,9 @@ def score(data: dict[str, Tensor], budget: MicroBatchBudget, temperature: float 
             out[key] = torch.zeros(data["input_ids"].shape, dtype=value.dtype, device=value.device)
         out[key][rows, :value.shape[1]] = value
 
-    order = in_token_order(data, range(data["input_ids"].shape[0])) if budget.shared_prefix \
-        else list(range(data["input_ids"].shape[0]))
+    order, shared = in_token_order(data, range(data["input_ids"].shape[0])) if budget.shared_prefix \
+        else (list(range(data["input_ids"].shape[0])), None)
     lengths = data["attention_mask"][order].sum(dim=1).tolist()
-    shared = neighbour_prefixes(data, order) if budget.shared_prefix else None
     packed = [[order[i] for i in group] for group in pack_rows(lengths, budget, shared)]
     for rows in padded_groups(packed, ranks):
         mb = select_rows(data, rows) if rows is not None else empty_micro_batch(data)

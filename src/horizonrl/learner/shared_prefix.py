@@ -59,12 +59,14 @@ def row_tokens(input_ids: Tensor, attention_mask: Tensor) -> list[list[int]]:
     return [ids[:n] for ids, n in zip(input_ids.tolist(), attention_mask.sum(dim=1).tolist())]
 
 
-def in_token_order(data: dict[str, Tensor], rows) -> list[int]:
-    """`rows` (positions in data's [R, T] tensors) sorted by their tokens: rows that share a prefix next to each
-    other, for micro-batches that share it (MicroBatchBudget.shared_prefix)."""
+def in_token_order(data: dict[str, Tensor], rows) -> tuple[list[int], list[int]]:
+    """`rows` (positions in data's [R, T] tensors) sorted by their tokens, rows that share a prefix next to each
+    other (for micro-batches that share it, MicroBatchBudget.shared_prefix), and shared_with_previous of them in
+    that order."""
     rows = list(rows)
     tokens = row_tokens(data["input_ids"][rows], data["attention_mask"][rows])
-    return [rows[i] for i in sorted(range(len(rows)), key=lambda i: tokens[i])]
+    order = sorted(range(len(rows)), key=lambda i: tokens[i])
+    return [rows[i] for i in order], shared_with_previous([tokens[i] for i in order])
 
 
 def shared_with_previous(rows: list[list[int]]) -> list[int]:
@@ -73,20 +75,17 @@ def shared_with_previous(rows: list[list[int]]) -> list[int]:
     return [0] + [min(common_prefix(a, b), len(a) - 1, len(b) - 1) for a, b in zip(rows, rows[1:])]
 
 
-def neighbour_prefixes(data: dict[str, Tensor], rows: list[int]) -> list[int]:
-    """shared_with_previous of `rows` (positions in data's [R, T] tensors), in their order."""
-    return shared_with_previous(row_tokens(data["input_ids"][rows], data["attention_mask"][rows]))
-
-
 SETTING = "horizonrl_shared_prefix"   # the attribute of a body that shares prefixes: its Sharing
 
 
 @dataclass
 class Sharing:
-    """A body's prefix sharing: the least prefix it shares, and the row tokens its passes have attended
-    (`tokens`) and of them those a shared prefix's single pass stood for (`skipped`), since `taken`."""
+    """A body's prefix sharing: the least prefix it shares, the keyword its forward takes a KV cache by
+    (engines.hf.cache_keyword), and the row tokens its passes have attended (`tokens`) and of them those a
+    shared prefix's single pass stood for (`skipped`), since `taken`."""
 
-    min_shared: int = MIN_SHARED_TOKENS
+    min_shared: int
+    cache_keyword: str
     tokens: int = 0
     skipped: int = 0
 
@@ -98,8 +97,13 @@ class Sharing:
 
 def share_prefixes(body, min_shared: int = MIN_SHARED_TOKENS) -> Sharing:
     """Make `body_hidden` of `body` share prefixes of at least `min_shared` tokens; its counts."""
-    setattr(body, SETTING, Sharing(min_shared))
+    setattr(body, SETTING, Sharing(min_shared, cache_keyword(body)))
     return getattr(body, SETTING)
+
+
+def stop_sharing(body) -> None:
+    """Make `body_hidden` of `body` the plain forward again (undoes share_prefixes)."""
+    vars(body).pop(SETTING, None)
 
 
 def body_hidden(body, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -116,7 +120,8 @@ def body_hidden(body, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     if not groups:
         return plain_hidden(body, input_ids, attention_mask)
     parts: list[tuple[list[int], Tensor]] = [(group, group_hidden(body, input_ids[group], attention_mask[group],
-                                                                  prefix)) for group, prefix in groups]
+                                                                  prefix, sharing.cache_keyword))
+                                             for group, prefix in groups]
     grouped = {row for group, _ in groups for row in group}
     alone = [row for row in range(len(rows)) if row not in grouped]
     if alone:
@@ -130,11 +135,11 @@ def plain_hidden(body, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
 
 
-def group_hidden(body, input_ids: Tensor, attention_mask: Tensor, prefix: int) -> Tensor:
+def group_hidden(body, input_ids: Tensor, attention_mask: Tensor, prefix: int, keyword: str) -> Tensor:
     """Hidden states [n, T, H] of n rows whose first `prefix` tokens are the same: the prefix's pass on one
-    row, then the suffixes' pass over its keys and values expanded to the n rows."""
+    row, then the suffixes' pass over its keys and values expanded to the n rows (`keyword`: the body's
+    cache keyword)."""
     n = input_ids.shape[0]
-    keyword = cache_keyword(body)
     prefix_cache = DynamicCache()
     head = body(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
                 **{keyword: prefix_cache})

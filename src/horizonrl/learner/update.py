@@ -30,7 +30,7 @@ from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.distributed import LOCAL, Ranks, clip_grad_norm
 from horizonrl.learner.scoring import (empty_micro_batch, pack_rows, padded_groups, select_rows, token_logprobs,
                                        token_values)
-from horizonrl.learner.shared_prefix import in_token_order, neighbour_prefixes
+from horizonrl.learner.shared_prefix import in_token_order
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,7 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
     """
     shared = None
     if budget.shared_prefix:      # rows that share a prefix next to each other, then in the same micro-batches
-        rows = in_token_order(data, rows)
-        shared = neighbour_prefixes(data, rows)
+        rows, shared = in_token_order(data, rows)
     lengths = data["attention_mask"][rows].sum(dim=1).tolist()
     for retry in (False, True):
         try:
