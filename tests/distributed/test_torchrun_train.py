@@ -1,5 +1,5 @@
-"""`torchrun --nproc_per_node 2 -m horizonrl train` end to end on the CPU (gloo, FSDP2): a short run,
-resume at the same and at another world size, and a rank killed mid-run."""
+"""`torchrun --nproc_per_node 2 -m horizonrl train` end to end on the CPU (gloo, FSDP2): a short run, its first
+iterations against one process's, resume at the same and at another world size, and a rank killed mid-run."""
 
 import os
 import re
@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from horizonrl.report.metrics import read_metrics
 from horizonrl.train.checkpoint import complete_checkpoints, save_checkpoint
 from launch import torchrun
+from same_statistics import assert_same_statistics
 
 TOY = Path(__file__).parents[2] / "configs" / "toy.yaml"
 SMALL = ["rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.epochs=1", "critic.warmup_batches=1",
@@ -61,6 +62,26 @@ def test_two_ranks_train_and_resume_like_a_straight_run(tmp_path, tiny_folder):
     assert all((straight_weights[k] == resumed_weights[k]).all() for k in straight_weights)
     assert read_metrics(run / "metrics.jsonl") [-1]["train/actor/loss"] == \
         read_metrics(resumed_run / "metrics.jsonl")[-1]["train/actor/loss"]
+
+
+def test_two_ranks_run_the_critic_warmup_and_an_iteration_like_one_process(tmp_path, tiny_folder):
+    """The whole loop on 2 ranks (each plays half the streams, scores and updates its share of every
+    mini-batch) against 1 process: the same episodes, and every statistic of the critic warmup (iteration 0)
+    and of the first PPO iteration alike (tests/distributed/test_one_update.py compares the weights after one
+    update). One mini-batch of the whole batch: with more, each rank splits its own rows into mini-batches,
+    and a mini-batch holds other rows than one process's. Later iterations sample from weights that differ in
+    float rounding, so they are not compared."""
+    config = [str(TOY), *SMALL, "optim.mini_batch_size=16", f"model.path={tiny_folder}", "iterations=1"]
+    runs = {}
+    for nproc in (1, 2):
+        done = train(nproc, [*config, f"output_dir={tmp_path / str(nproc)}"])
+        assert done.returncode == 0, done.stderr[-4000:]
+        runs[nproc] = read_metrics(run_folder(tmp_path / str(nproc)) / "metrics.jsonl")
+    assert [r["iteration"] for r in runs[2]] == [0, 1] and runs[2][1]["env/turns"] == 16   # both ranks' streams
+    for one, two in zip(runs[1], runs[2]):
+        compared = assert_same_statistics(one, two)
+        assert "env/valid_action_ratio" in compared and "train/critic/loss" in compared
+    assert "train/actor/grad_norm" in compared
 
 
 @pytest.mark.parametrize("saved,resumed", [(2, 1), (1, 2)], ids=["2to1", "1to2"])

@@ -69,7 +69,7 @@ RUN_BY = {
     "horizonrl train configs/arithmetic_openai_agent.yaml": ("tests/learning/test_openai_agent_learns.py",
                                                            "configs/arithmetic_openai_agent.yaml"),
     "torchrun --nproc_per_node 2 -m horizonrl train configs/toy.yaml": (
-        "tests/learning/test_toy_learns_on_two_ranks.py", "configs/toy.yaml"),
+        "tests/distributed/test_torchrun_train.py", '"toy.yaml"'),
     "horizonrl train configs/toy.yaml rollout.engine=vllm": ("tests/with_vllm/test_vllm_train.py", "vllm"),
     "horizonrl plan configs/babyai.yaml --gpus 4": ("tests/integration/test_recipes.py", "plan("),
     "horizonrl plan configs/crafter.yaml --gpus 8 --json": ("tests/integration/test_recipes.py", "plan("),
