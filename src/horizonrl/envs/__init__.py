@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from horizonrl.envs import gem_games
 from horizonrl.envs.base import Instruction, TextEnv
 
 
@@ -61,6 +62,8 @@ REGISTRY: dict[str, EnvSpec] = {
     "textworld/coin_collector": _textworld("coin_collector", "TextWorld: find the coin through connected rooms"),
     "textworld/treasure_hunter": _textworld("treasure_hunter", "TextWorld: find a named object in the house"),
 }
+REGISTRY.update({f"gem:{game}": EnvSpec("horizonrl.envs.gem_env:GemGame", {"game": game}, f"GEM: {game}", "gem")
+                 for game in gem_games.GAMES})
 
 
 def register(env_id: str, factory: str | Callable[..., TextEnv], description: str = "", **kwargs) -> None:
@@ -69,6 +72,8 @@ def register(env_id: str, factory: str | Callable[..., TextEnv], description: st
 
 
 def spec(env_id: str) -> EnvSpec:
+    if env_id not in REGISTRY and env_id.startswith("gem:"):
+        raise ValueError(gem_games.refusal(env_id.removeprefix("gem:")))
     if env_id not in REGISTRY:
         raise ValueError(f"unknown env {env_id!r}; known envs: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[env_id]
