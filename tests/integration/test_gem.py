@@ -94,6 +94,39 @@ def test_a_guessing_game_cut_at_its_turn_limit_fails_with_the_closeness_of_its_l
     assert info == {"success": False, "progress": pytest.approx(1 - (target - 4) / 9)}, seed
 
 
+@pytest.mark.parametrize("game,turns", [("GuessTheNumber-v0-easy", 4), ("GuessTheNumber-v0-hard", 6),
+                                        ("TowerofHanoi-v0-easy", 7), ("TowerofHanoi-v0-hard", 31)])
+def test_the_experts_win_within_the_shortest_number_of_turns(game, turns):
+    """Binary search needs at most ceil(log2(n + 1)) guesses (10 numbers: 4, 50: 6); Hanoi 2^disks - 1 moves."""
+    env = envs.make(f"gem:{game}")
+    for seed in range(5):
+        env.reset(seed)
+        for turn in range(1, turns + 1):
+            action, reason = env.expert_action()
+            assert action in env.actions and reason
+            *_, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                break
+        assert info == {"success": True, "progress": 1.0} and (turns == turn or game.startswith("Guess")), seed
+
+
+def test_the_hanoi_expert_recovers_from_a_detour():
+    env = envs.make("gem:TowerofHanoi-v0-easy")
+    env.reset(0)
+    env.step("A C")
+    env.step("C B")                                   # A: 3 2, B: 1, C: empty
+    moves = []
+    while True:
+        moves.append(env.expert_action()[0])
+        *_, terminated, truncated, info = env.step(moves[-1])
+        if terminated or truncated:
+            break
+    # by hand: disk 3 must go A -> C once, with 1 and 2 on B before: 1 to C, 2 to B, 1 to B (3 moves), 3 to C,
+    # then 1 and 2 from B to C (3 moves): 7, as from the start
+    assert info["success"] and moves == ["B C", "A B", "C B", "A C", "B A", "B C", "A C"]
+    assert not hasattr(envs.make("gem:Sokoban-v0-easy"), "expert_action")   # a game without an expert says so
+
+
 def play(env, seed, moves):
     observations = [env.reset(seed)[0]]
     for move in moves:

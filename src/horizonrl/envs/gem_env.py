@@ -17,6 +17,9 @@ two episodes of one seed are the same whatever ran between them, and training's 
 Games whose action list changes between episodes ("-random" ids), whose list is too long to give
 (GAME_ACTION_LIMIT), or that need data this adapter does not fetch (NLTK's word list, the Hugging Face hub)
 are refused, the reason named (envs/gem_games.py).
+
+`expert_action()` (for `horizonrl sft` and as an oracle) exists for GuessTheNumber (binary search) and Tower of
+Hanoi (the shortest solution from the current position).
 """
 
 from __future__ import annotations
@@ -77,6 +80,36 @@ def game_actions(game) -> list[str]:
     raise ValueError(f"no action list for GEM's {kind}")
 
 
+def guess_expert(game) -> tuple[str, str]:
+    """Binary search: the middle of the numbers that the answers so far leave (GEM's `game_number` stands for
+    those answers: higher or lower than each guess)."""
+    guesses = game.previous_guesses
+    low = max((g + 1 for g in guesses if g < game.game_number), default=game.min_number)
+    high = min((g - 1 for g in guesses if g > game.game_number), default=game.max_number)
+    guess = (low + high) // 2
+    return str(guess), f"The number is between {low} and {high}; I guess the middle, {guess}."
+
+
+def hanoi_expert(game) -> tuple[str, str]:
+    """The first move of the shortest way from this position to every disk on tower C: the largest disk not on
+    its goal tower needs the smaller ones out of the way on the third tower first (recursively)."""
+    tower_of = {disk: tower for tower, disks in game.board.items() for disk in disks}
+
+    def first_move(disk: int, goal: str) -> tuple[str, str] | None:
+        if disk == 0:
+            return None
+        if tower_of[disk] == goal:
+            return first_move(disk - 1, goal)
+        spare = next(t for t in "ABC" if t not in (tower_of[disk], goal))
+        return first_move(disk - 1, spare) or (tower_of[disk], goal)
+
+    source, target = first_move(game.num_disks, "C")
+    return f"{source} {target}", f"Disk {game.board[source][-1]} goes from tower {source} to tower {target}."
+
+
+EXPERTS = {"GuessTheNumber": guess_expert, "TowerofHanoi": hanoi_expert}   # game id's first part -> expert
+
+
 class GemGame:
     """One GEM game (`game`: its id without GEM's "game:" prefix) as a TextEnv."""
 
@@ -92,6 +125,9 @@ class GemGame:
         self._seed: int | None = None
         self._return = 0.0
         self.translations: dict[str, str] = {}
+        expert = EXPERTS.get(game.split("-")[0])
+        if expert is not None:     # only games with an expert have expert_action (train/demonstrations.py asks)
+            self.expert_action = lambda: expert(self.unwrapped)
 
     def _make(self):
         with self._private_random():
