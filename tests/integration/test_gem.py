@@ -1,7 +1,7 @@
 """GEM's games as `gem:<game>` envs (envs/gem_env.py): their action lists, experts that win through the adapter,
 success and progress from GEM's rewards, seeding that neither leaks into nor depends on the process's random
 streams, and the games refused with their reason. (tests/integration/test_all_envs.py checks the TextEnv contract
-and the state keys, in worker processes too, of every listed game.)"""
+and the state keys of every listed game, and of one in a worker process.)"""
 
 import random
 

@@ -72,9 +72,9 @@ def register(env_id: str, factory: str | Callable[..., TextEnv], description: st
 
 
 def spec(env_id: str) -> EnvSpec:
-    if env_id not in REGISTRY and env_id.startswith("gem:"):
-        raise ValueError(gem_games.refusal(env_id.removeprefix("gem:")))
     if env_id not in REGISTRY:
+        if env_id.startswith("gem:"):        # a GEM game this adapter does not play: why not
+            raise ValueError(gem_games.refusal(env_id.removeprefix("gem:")))
         raise ValueError(f"unknown env {env_id!r}; known envs: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[env_id]
 

@@ -156,8 +156,8 @@ def score(data: dict[str, Tensor], budget: MicroBatchBudget, temperature: float 
             out[key] = torch.zeros(data["input_ids"].shape, dtype=value.dtype, device=value.device)
         out[key][rows, :value.shape[1]] = value
 
-    order, shared = in_token_order(data, range(data["input_ids"].shape[0])) if budget.shared_prefix \
-        else (list(range(data["input_ids"].shape[0])), None)
+    every_row = range(data["input_ids"].shape[0])
+    order, shared = in_token_order(data, every_row) if budget.shared_prefix else (list(every_row), None)
     lengths = data["attention_mask"][order].sum(dim=1).tolist()
     packed = [[order[i] for i in group] for group in pack_rows(lengths, budget, shared)]
     for rows in padded_groups(packed, ranks):
