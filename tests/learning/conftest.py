@@ -13,7 +13,7 @@ TOY = str(SOURCE_CONFIGS / "toy.yaml")
 @pytest.fixture(scope="session")
 def toy_start(tmp_path_factory) -> list[str]:
     """Overrides that start the toy recipe (its seed, 1) from its warm-started tiny model, made once per test
-    session: every toy learning test (PPO, asynchronous, GRPO, GiGPO: the same 32 streams) starts from
+    session: every toy learning test (PPO, asynchronous, GiGPO: the same 32 streams) starts from
     the same one, and trains from the folder exactly as from its own warm start
     (tests/integration/test_warm_start_reuse.py). Under pytest-xdist the workers share the session's folder; the
     first to need it makes it (a group run of no iteration: the warm start alone) while the others wait."""
