@@ -368,7 +368,7 @@ class OptimConfig(Section):
     shared_prefix: bool = Field(
         False, description="rows of a micro-batch that share a prefix of at least 32 tokens run it once "
                            "(learner/shared_prefix.py: the plain forward's values up to summation order); not "
-                           "with dist.activation_checkpointing, nor under torchrun")
+                           "with dist.activation_checkpointing")
 
 
 class ActorConfig(Section):

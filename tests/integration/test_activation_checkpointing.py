@@ -34,7 +34,8 @@ def saved_bytes_and_grads(tmp_path, monkeypatch, model_folder, checkpointing: bo
         monkeypatch.setenv(key, value)
     overrides = [f"model.path={model_folder}", "model.warm_start=null", "rollout.n_env=2", "optim.mini_batch_size=16",
                  f"output_dir={tmp_path}",
-                 "dist.mixed_precision=false", f"dist.activation_checkpointing={str(checkpointing).lower()}"]
+                 "dist.mixed_precision=false", f"dist.activation_checkpointing={str(checkpointing).lower()}",
+                 "optim.shared_prefix=false"]     # the toy recipe shares prefixes: not beside checkpointing
     cfg = load_config(TOY, overrides + (["model.lora={r: 4}"] if lora else []))
     ranks, device = start_ranks(cfg.dist, "cpu")
     envs = open_envs(cfg.env.ids, cfg.env.kwargs, cfg.rollout.n_env, False, 60.0)

@@ -58,7 +58,8 @@ def test_budget_halves_tokens_or_else_rows():
 def test_a_run_resolves_the_auto_token_budget_on_cuda_only(monkeypatch, budget, device, expected):
     """On CUDA the planner's largest budget for this GPU's memory (a fake 40 GiB one here); on a CPU none."""
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=40 * GIB))
-    cfg = load_config(TOY, ["optim.micro_batch_size=4", f"optim.max_tokens_per_micro_batch={budget}"])
+    cfg = load_config(TOY, ["optim.micro_batch_size=4", f"optim.max_tokens_per_micro_batch={budget}",
+                            "optim.shared_prefix=false"])
     if expected.tokens == "planned":
         expected = MicroBatchBudget(4, auto_token_budget(cfg, 1, 40 * GIB))
         assert expected.tokens >= 256

@@ -1,9 +1,9 @@
-"""Which rows share a prefix, and how long (learner/shared_prefix.prefix_groups, in_token_order): expectations by
-hand."""
+"""Which rows share a prefix, and how long (learner/shared_prefix.prefix_groups, in_token_order), and which groups
+a micro-batch runs shared (fewest_slots): expectations by hand."""
 
 import torch
 
-from horizonrl.learner.shared_prefix import in_token_order, prefix_groups
+from horizonrl.learner.shared_prefix import alone, fewest_slots, in_token_order, prefix_groups
 
 
 def test_rows_sharing_a_prefix_form_one_group_and_a_row_alone_stays_out():
@@ -41,3 +41,22 @@ def test_rows_in_token_order_with_the_prefix_each_shares_with_the_one_before():
     # sorted: [1, 2, 3], [1, 2, 3, 4], [5, 6, 7, 8], [5, 6, 9]; [1, 2, 3] keeps its last token: 2 shared, not 3
     assert in_token_order(data, range(4)) == ([1, 3, 0, 2], [0, 2, 0, 2])
     assert in_token_order(data, [0, 2]) == ([0, 2], [0, 2])
+
+
+def test_a_group_whose_long_suffixes_would_pad_every_row_is_left_out():
+    lengths = [64, 64, 64, 64, 66, 66]
+    short, long = ([0, 1, 2, 3], 62), ([4, 5], 35)        # longest suffixes: 2 and 31 tokens
+    # both: 2 prefixes x 62 + 6 suffixes x 31 = 310 slots; the short-suffix group and rows 4 and 5 alone (prefixes
+    # of 65 tokens, suffixes of 1): 3 x 65 + 6 x 2 = 207; every row alone: 6 x 65 + 6 x 1 = 396
+    assert fewest_slots(lengths, [long, short]) == [short]
+
+
+def test_groups_whose_suffixes_are_alike_all_stay_shared():
+    lengths = [64, 64, 64, 64, 40, 40]
+    first, second = ([0, 1, 2, 3], 62), ([4, 5], 36)      # longest suffixes: 2 and 4 tokens
+    # both: 2 x 62 + 6 x 4 = 148 slots; the first and rows 4 and 5 alone: 3 x 62 + 6 x 2 = 198; none: 6 x 63 + 6 = 384
+    assert fewest_slots(lengths, [first, second]) == [second, first]
+
+
+def test_rows_in_no_group_are_groups_of_their_own_keeping_one_token_for_the_second_pass():
+    assert alone([5, 3, 4], [([1], 2)]) == [([0], 4), ([2], 3)]

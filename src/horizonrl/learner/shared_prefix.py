@@ -2,10 +2,13 @@
 
 A stream's consecutive turns share their whole system prompt, and a GRPO group's rows their first
 prompt: the plain forward computes those tokens once per row. Here rows are grouped by the longest
-prefix they share (`prefix_groups`); a group runs its prefix once (one row, its keys and values kept),
-then its rows' suffixes attend to those keys and values, expanded across the rows as views, so that
-the gradient reaches the prefix once, summed over its rows. The hidden states are those of the plain
-forward up to summation order (tests/integration/test_shared_prefix.py gives the measured gaps).
+prefix they share (`prefix_groups`); the groups' prefixes run once, in one batch (their keys and values
+kept), then every grouped row's suffix attends to its group's keys and values, in a second batch, so that
+the gradient reaches a prefix once, summed over its rows. Two passes whatever the number of groups (on
+the tiny toy model a pass's fixed cost outweighs its tokens: one pair of passes per group made the
+update no faster), and groups whose long suffixes would pad the second batch more than their prefix
+saves run in the plain pass (`fewest_slots`). The hidden states are those of the plain forward up to
+summation order (tests/integration/test_shared_prefix.py gives the measured gaps).
 
 Rows are right-padded (attention_mask 1 then 0); a prefix stops at least one token before its
 shortest row's end, so that every row keeps a suffix.
@@ -108,44 +111,85 @@ def stop_sharing(body) -> None:
 
 def body_hidden(body, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     """body(input_ids, attention_mask).last_hidden_state [B, T, H] (`body`: a transformers base model, e.g.
-    LlamaModel); where `share_prefixes` made it share, each group of rows sharing a prefix of at least its
-    minimum runs the prefix once, else the plain forward."""
+    LlamaModel); where `share_prefixes` made it share, the rows that share a prefix of at least its minimum
+    run it once per group, and every other row is a group of its own (`grouped_hidden`: two passes of the
+    body whatever the rows, so that every rank of an FSDP2 job runs as many)."""
     sharing: Sharing | None = getattr(body, SETTING, None)
-    if sharing is None or input_ids.shape[0] < 2:
+    if sharing is None:
         return plain_hidden(body, input_ids, attention_mask)
     rows = row_tokens(input_ids, attention_mask)
-    groups = prefix_groups(rows, sharing.min_shared)
-    sharing.tokens += sum(map(len, rows))
+    lengths = list(map(len, rows))
+    groups = fewest_slots(lengths, prefix_groups(rows, sharing.min_shared))
+    sharing.tokens += sum(lengths)
     sharing.skipped += sum((len(group) - 1) * prefix for group, prefix in groups)
-    if not groups:
-        return plain_hidden(body, input_ids, attention_mask)
-    parts: list[tuple[list[int], Tensor]] = [(group, group_hidden(body, input_ids[group], attention_mask[group],
-                                                                  prefix, sharing.cache_keyword))
-                                             for group, prefix in groups]
+    groups += alone(lengths, groups)
+    order = [row for group, _ in groups for row in group]
+    hidden = grouped_hidden(body, input_ids[order], attention_mask[order],
+                            [(len(group), prefix) for group, prefix in groups], sharing.cache_keyword)
+    return hidden[torch.argsort(torch.tensor(order, device=input_ids.device))]     # back in the rows' order
+
+
+def alone(lengths: list[int], groups: list[tuple[list[int], int]]) -> list[tuple[list[int], int]]:
+    """The rows in none of `groups`, each a group of its own: its prefix all its tokens but the last."""
     grouped = {row for group, _ in groups for row in group}
-    alone = [row for row in range(len(rows)) if row not in grouped]
-    if alone:
-        parts.append((alone, plain_hidden(body, input_ids[alone], attention_mask[alone])))
-    hidden = torch.cat([h for _, h in parts])
-    where = torch.tensor([row for group, _ in parts for row in group], device=input_ids.device)
-    return hidden[torch.argsort(where)]          # back in the rows' order
+    return [([row], length - 1) for row, length in enumerate(lengths) if row not in grouped]
+
+
+def fewest_slots(lengths: list[int], groups: list[tuple[list[int], int]]) -> list[tuple[list[int], int]]:
+    """Of `groups` (prefix_groups of rows of `lengths` tokens), those that make `body_hidden` compute the fewest
+    token slots, padding included: `grouped_hidden` pads every prefix to the longest and every suffix to the
+    longest, so a group whose suffixes are long can cost the batch more than its prefix saves (its rows then
+    run alone). The groups with the longest suffixes are left out first."""
+    def suffix(group: tuple[list[int], int]) -> int:
+        return max(lengths[row] for row in group[0]) - group[1]
+
+    def slots(kept: list[tuple[list[int], int]]) -> int:
+        every = kept + alone(lengths, kept)
+        return len(every) * max(prefix for _, prefix in every) + len(lengths) * max(map(suffix, every))
+
+    by_suffix = sorted(groups, key=suffix, reverse=True)
+    return min((by_suffix[left_out:] for left_out in range(len(by_suffix) + 1)), key=slots)
 
 
 def plain_hidden(body, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
     return body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
 
 
-def group_hidden(body, input_ids: Tensor, attention_mask: Tensor, prefix: int, keyword: str) -> Tensor:
-    """Hidden states [n, T, H] of n rows whose first `prefix` tokens are the same: the prefix's pass on one
-    row, then the suffixes' pass over its keys and values expanded to the n rows (`keyword`: the body's
-    cache keyword)."""
-    n = input_ids.shape[0]
-    prefix_cache = DynamicCache()
-    head = body(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
-                **{keyword: prefix_cache})
-    cache = DynamicCache(ddp_cache_data=[(layer.keys.expand(n, -1, -1, -1), layer.values.expand(n, -1, -1, -1))
-                                         for layer in prefix_cache.layers])
-    positions = torch.arange(prefix, input_ids.shape[1], device=input_ids.device).expand(n, -1)
-    tail = body(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, position_ids=positions,
-                use_cache=True, **{keyword: cache}).last_hidden_state
-    return torch.cat([head.last_hidden_state.expand(n, -1, -1), tail], dim=1)
+def grouped_hidden(body, input_ids: Tensor, attention_mask: Tensor, groups: list[tuple[int, int]],
+                   keyword: str) -> Tensor:
+    """Hidden states [n, T, H] of n right-padded rows in consecutive groups, (rows, prefix length) each, whose
+    rows share their group's first `prefix` tokens; `keyword`: the body's cache keyword.
+
+    Two passes of the body, however many groups: the G prefixes as one right-padded batch [G, P] (its keys and
+    values kept), then every row's suffix [n, S] over its group's keys and values, gathered to the rows (the
+    attention mask hides a shorter prefix's padding; positions continue from the row's own prefix). The rows'
+    hidden states are the prefix's then the suffix's, gathered back to each row's token positions."""
+    device = input_ids.device
+    sizes = torch.tensor([size for size, _ in groups], device=device)
+    prefixes = torch.tensor([prefix for _, prefix in groups], device=device)
+    row_group = torch.repeat_interleave(torch.arange(len(groups), device=device), sizes)
+    row_prefix, lengths = prefixes[row_group], attention_mask.sum(dim=1)
+    n, width, longest_prefix = input_ids.shape[0], input_ids.shape[1], int(prefixes.max())
+    longest_suffix = int((lengths - row_prefix).max())
+
+    first_rows = torch.cumsum(sizes, 0) - sizes
+    head_positions = torch.arange(longest_prefix, device=device)
+    head_mask = (head_positions < prefixes[:, None]).long()
+    head_ids = input_ids[first_rows, :longest_prefix] * head_mask
+    cache = DynamicCache()
+    head = body(input_ids=head_ids, attention_mask=head_mask, use_cache=True, **{keyword: cache}).last_hidden_state
+
+    tail_positions = row_prefix[:, None] + torch.arange(longest_suffix, device=device)
+    tail_mask = (tail_positions < lengths[:, None]).long()
+    tail_ids = input_ids.gather(1, tail_positions.clamp(max=width - 1)) * tail_mask
+    row_cache = DynamicCache(ddp_cache_data=[(layer.keys[row_group], layer.values[row_group])
+                                             for layer in cache.layers])
+    tail = body(input_ids=tail_ids, attention_mask=torch.cat([head_mask[row_group], tail_mask], dim=1),
+                position_ids=tail_positions, use_cache=True, **{keyword: row_cache}).last_hidden_state
+
+    # position t of a row: its head's t before its prefix's end, else its suffix's t - prefix (padding: any)
+    positions = torch.arange(width, device=device).expand(n, -1)
+    suffix_index = (positions - row_prefix[:, None]).clamp(0, longest_suffix - 1)
+    index = torch.where(positions < row_prefix[:, None], positions, longest_prefix + suffix_index)
+    both = torch.cat([head[row_group], tail], dim=1)
+    return both.gather(1, index[..., None].expand(-1, -1, both.shape[-1]))

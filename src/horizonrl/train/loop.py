@@ -111,9 +111,6 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
     if cfg.rollout.engine == "openai":
         raise ConfigError("rollout.engine: openai under torchrun would have every rank reload one server's "
                           "weights; use hf or vllm (an engine per rank)")
-    if cfg.optim.shared_prefix:
-        raise ConfigError("optim.shared_prefix: not under torchrun yet (a rank's number of forward passes would "
-                          "depend on its rows, and FSDP2's collectives need the same on every rank)")
     shared = {"optim.mini_batch_size": cfg.optim.mini_batch_size}
     if cfg.task is None:
         shared["rollout.n_env"] = cfg.rollout.n_env
