@@ -10,7 +10,7 @@ from horizonrl import envs
 from horizonrl.envs.base import TextEnv
 from horizonrl.envs.pool import WorkerEnv
 
-# GEM's hard Sokoban is its easy Sokoban in a larger room, whose generation searches up to 300,000 states: 0.3-10 s
+# GEM's hard Sokoban is its easy Sokoban in a larger room, whose generation searches up to 300,000 states: 0.2-10 s
 # a reset on the 2-core development CPU (tests/integration/test_gem.py plays it)
 BUILT_IN = sorted(i for i, spec in envs.REGISTRY.items()
                   if str(spec.factory).startswith("horizonrl.") and i != "gem:Sokoban-v0-hard")

@@ -3,11 +3,12 @@
 A stream's consecutive turns share their whole system prompt, and a GRPO group's rows their first
 prompt: the plain forward computes those tokens once per row. Here rows are grouped by the longest
 prefix they share (`prefix_groups`); the groups' prefixes run once, in one batch (their keys and values
-kept), then every grouped row's suffix attends to its group's keys and values, in a second batch, so that
-the gradient reaches a prefix once, summed over its rows. Two passes whatever the number of groups (on
-the tiny toy model a pass's fixed cost outweighs its tokens: one pair of passes per group made the
-update no faster), and groups whose long suffixes would pad the second batch more than their prefix
-saves run in the plain pass (`fewest_slots`). The hidden states are those of the plain forward up to
+kept), then every row's suffix attends to its group's keys and values, in a second batch, so that the
+gradient reaches a prefix once, summed over its rows. Two passes whatever the rows (on the tiny toy model
+a pass's fixed cost outweighs its tokens: one pair of passes per group made the update no faster; and
+every rank of an FSDP2 job must run as many): a row in no group is a group of its own (`alone`), and a
+group whose long suffixes would pad the second batch more than its prefix saves is left out
+(`fewest_slots`). The hidden states are those of the plain forward up to
 summation order (tests/integration/test_shared_prefix.py gives the measured gaps).
 
 Rows are right-padded (attention_mask 1 then 0); a prefix stops at least one token before its
