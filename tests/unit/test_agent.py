@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from horizonrl.agents.actions import decide, normalise
@@ -50,5 +52,12 @@ def test_memory_window():
 
 def test_system_prompt_lists_mission_actions_and_tips():
     text = system_prompt(Instruction("You are a test agent", "win", {"a": "do a", "b": "do b"}, ["tip one"]))
-    assert text.startswith("You are a test agent.\nYour goal is to win.\n")
-    assert "a: do a, b: do b." in text and "Tips: tip one." in text and text.endswith("PLAY!")
+    assert text.startswith("You are a test agent.\nThe following are the possible actions")
+    assert "a: do a, b: do b." in text and "Tips: tip one." in text and text.endswith("Your goal is to win.\nPLAY!")
+
+
+def test_system_prompts_of_two_missions_share_all_but_the_mission():
+    """The mission comes last, so episodes with different missions share the rest as a token prefix."""
+    goto, pickup = (system_prompt(Instruction("You are a test agent", mission, {"a": "do a"}, ["tip one"]))
+                    for mission in ("go to the red ball", "pick up the key"))
+    assert os.path.commonprefix([goto, pickup]) == goto.removesuffix("go to the red ball.\nPLAY!")

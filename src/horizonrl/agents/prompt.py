@@ -1,7 +1,7 @@
 """Prompt building: the system instruction, a memory window of past turns, the current observation.
 
 Layout with memory window n (Verlog; n = 1 by default):
-    system     instruction
+    system     instruction: intro, actions, tips, then the mission (the part that differs last)
     user       "Observation:\n{obs_{t-n}}"          \\  repeated for each of the
     assistant  "Previous plan:\n{plan_{t-n}}"        /   last n turns
     user       "Current Observation:\n{obs_t}\n\n" + RESPONSE_FORMAT
@@ -37,15 +37,18 @@ class HistoryEntry:
 
 
 def system_prompt(instruction: Instruction) -> str:
+    """Verlog's BabyAI system prompt (from BALROG) with the mission moved to its last line: what is the same
+    in every episode of an env comes first, so the rows of different episodes share ~all of it, in the
+    learner (optim.shared_prefix) and in an engine's prefix cache."""
     actions = ", ".join(f"{name}: {description}" if description else name
                         for name, description in instruction.actions.items())
     tips = "; ".join(instruction.tips) if instruction.tips else "none"
     return (
         f"{instruction.intro}.\n"
-        f"Your goal is to {instruction.mission}.\n"
         "The following are the possible actions you can take in the game, followed by a short "
         f"description of each action: {actions}.\n"
         f"In a moment I will present you an observation. Tips: {tips}.\n"
+        f"Your goal is to {instruction.mission}.\n"
         "PLAY!"
     )
 
