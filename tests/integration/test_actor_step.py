@@ -106,16 +106,16 @@ def test_the_second_epoch_clips_against_the_policy_before_the_update(river_tiny,
     budget, n = MicroBatchBudget(len(rows["input_ids"])), float(mask.sum())
     data = {**rows, "advantages": mask.clone()}
     data["logp_old"] = score(data, budget, actor=model)["logp_old"]
-    stepped_once, _ = epochs_of_updates(model, data, 1, lr=1e-2)
+    stepped_once, _ = epochs_of_updates(model, data, 1, lr=1e-3)
     ratio = torch.exp(score(data, budget, actor=stepped_once)["logp_old"] - data["logp_old"])
     expected = float(-(torch.minimum(ratio, ratio.clamp(0.8, 1.2)) * mask).sum() / n)
     clipped = float(((ratio > 1.2) * mask).sum() / n)
-    assert clipped > 0.1 and expected > -1.2, (clipped, expected)
+    assert clipped > 0.1 and expected > -1.2, (clipped, expected)   # some tokens clip, not all (10 of 13 here)
 
-    _, stats = epochs_of_updates(model, data, 2, lr=1e-2)
+    _, stats = epochs_of_updates(model, data, 2, lr=1e-3)
     second_epoch = 2 * stats.sums["pg_loss"] / stats.counts["pg_loss"] + 1          # the mean over both, less epoch 1
     assert abs(second_epoch - expected) < 1e-4, (second_epoch, expected)
     assert abs(2 * stats.sums["clipfrac"] / stats.counts["clipfrac"] - clipped) < 1e-6
 
-    _, wrong = epochs_of_updates(model, {k: v for k, v in data.items() if k != "logp_old"}, 2, lr=1e-2)
+    _, wrong = epochs_of_updates(model, {k: v for k, v in data.items() if k != "logp_old"}, 2, lr=1e-3)
     assert wrong.sums["clipfrac"] == 0 and abs(wrong.sums["pg_loss"] / wrong.counts["pg_loss"] + 1) < 1e-6

@@ -135,7 +135,7 @@ def test_n_choices_logprobs_and_seeds(client):
 
 def test_temperature_zero_is_greedy(client, tokenizer):
     """On a prompt the model is unsure about (its first sampled token has p < 0.5), every choice is the argmax."""
-    response = client.completions.create(model=MODEL, prompt="hi", max_tokens=8, temperature=0, n=3)
+    response = client.completions.create(model=MODEL, prompt="a", max_tokens=8, temperature=0, n=3)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(MODEL), dtype=torch.float32).eval()
     ids = list(response.prompt_token_ids)
     with torch.no_grad():
