@@ -219,3 +219,16 @@ def test_sft_on_no_rows_is_one_clear_error_and_a_check_can_stop_it_between_steps
         supervised_finetune(copy.deepcopy(model), SampleBatch([[5, 6, 7]], [[0, 1, 1]], [], []),
                             pad_token_id(tokenizer), steps=5, batch_size=1, lr=1e-3, check=check)
     assert len(steps) == 2                                    # checked before each step: 2 steps ran
+
+
+def test_sft_logs_its_loss_every_tenth_of_the_run(goto_tiny, caplog):
+    """A real model's warm start runs for minutes: without these lines `horizonrl sft` printed nothing
+    between the demonstrations and the run folder."""
+    tokenizer, model = goto_tiny
+    with caplog.at_level("INFO", logger="horizonrl.learner.sft"):
+        losses = supervised_finetune(copy.deepcopy(model), SampleBatch([[5, 6, 7]], [[0, 1, 1]], [], []),
+                                     pad_token_id(tokenizer), steps=25, batch_size=1, lr=1e-3)
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(":")[0] for line in lines] == [f"sft step {s}/25" for s in (2, 4, 6, 8, 10, 12, 14, 16, 18,
+                                                                                   20, 22, 24, 25)]
+    assert lines[-1].startswith(f"sft step 25/25: loss {losses[-1]:.4f}, ")

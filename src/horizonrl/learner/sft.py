@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -11,11 +13,14 @@ from horizonrl.learner.scoring import select_rows, token_logprobs
 from horizonrl.records import SampleBatch
 from horizonrl.samples.tensors import row_tensors
 
+log = logging.getLogger(__name__)
+
 
 def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batch_size: int, lr: float,
                         seed: int = 0, grad_clip: float = 1.0, check: Callable[[], None] = lambda: None) -> list[float]:
     """AdamW on  -sum(mask * log p(token)) / sum(mask)  over random mini-batches of rows, `check()` before
-    every step (it may raise to stop: the model is then left as the steps so far made it).
+    every step (it may raise to stop: the model is then left as the steps so far made it). The loss and the
+    time so far are logged every tenth of the steps and at the last: a real model's warm start takes minutes.
 
     Returns the loss of every step. A batch with no rows is a ValueError (there is nothing to learn from).
     """
@@ -28,7 +33,8 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
     generator = torch.Generator().manual_seed(seed)
     n_rows = data["input_ids"].shape[0]
     losses = []
-    for _ in range(steps):
+    start, log_every = time.monotonic(), max(1, steps // 10)
+    for step in range(1, steps + 1):
         check()
         rows = torch.randint(n_rows, (min(batch_size, n_rows),), generator=generator).tolist()
         mb = select_rows(data, rows)
@@ -39,4 +45,6 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
         losses.append(loss.item())
+        if step % log_every == 0 or step == steps:
+            log.info("sft step %d/%d: loss %.4f, %.0f s", step, steps, losses[-1], time.monotonic() - start)
     return losses
