@@ -1,10 +1,12 @@
 """Every registered env keeps the TextEnv contract the agent and the collector rely on."""
 
 import asyncio
+import importlib.util
 import random
 
 import pytest
-from optional_packages import skip_unless_installed  # tests/integration is on sys.path under pytest
+from alfworld_games import write_games  # tests/integration is on sys.path under pytest
+from optional_packages import skip_unless_installed
 
 from horizonrl import envs
 from horizonrl.envs.base import TextEnv
@@ -17,6 +19,13 @@ BUILT_IN = sorted(i for i, spec in envs.REGISTRY.items()
 # the GEM games share one class (envs/gem_env.py): 2048, which draws from its random streams while it plays,
 # stands for all of them in a worker process (each worker imports gem: ~3 s of CPU)
 IN_WORKERS = [i for i in BUILT_IN if not i.startswith("gem:")] + ["gem:Game2048-v0-easy"]
+
+
+@pytest.fixture(autouse=True)
+def alfworld_games(request, tmp_path, monkeypatch):
+    """ALFWorld plays games no package installs: here, the ones alfworld_games.py writes."""
+    if request.node.callspec.params.get("env_id") == "alfworld" and importlib.util.find_spec("alfworld"):
+        monkeypatch.setenv("ALFWORLD_DATA", str(write_games(tmp_path)))
 
 
 @pytest.mark.parametrize("env_id", BUILT_IN)

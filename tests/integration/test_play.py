@@ -40,7 +40,7 @@ def test_play_reports_the_end_of_an_episode():
 def test_envs_command_lists_every_env_and_play_rejects_an_unknown_one():
     listed = subprocess.run([sys.executable, "-m", "horizonrl", "envs"], capture_output=True, text=True, check=True)
     built_in = [i for i, spec in envs.REGISTRY.items() if str(spec.factory).startswith("horizonrl.")]
-    assert len(built_in) == 18 + len(GAMES) and all(env_id in listed.stdout for env_id in built_in)
+    assert len(built_in) == 19 + len(GAMES) and all(env_id in listed.stdout for env_id in built_in)
     bad = subprocess.run([sys.executable, "-m", "horizonrl", "play", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown env 'nope'" in bad.stderr and "Traceback" not in bad.stderr
 

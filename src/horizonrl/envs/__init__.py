@@ -9,11 +9,35 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from horizonrl.envs import gem_games
 from horizonrl.envs.base import Instruction, TextEnv
+
+
+@dataclass(frozen=True)
+class GameData:
+    """Files an env reads that no package installs (ALFWorld's games): the folder they go in, named by an
+    environment variable (`default` when it is unset), a path inside it that exists once they are there, and
+    the one command that fetches them."""
+
+    env_var: str
+    default: str
+    probe: str
+    fetch: str
+
+    def folder(self) -> Path:
+        return Path(os.path.expanduser(os.environ.get(self.env_var) or self.default))
+
+    def missing(self) -> str | None:
+        """None when the data is in place; else one line: where it goes and how to get it."""
+        if (self.folder() / self.probe).exists():
+            return None
+        return (f"its data is missing: no {self.probe} in {self.folder()} (${self.env_var}); "
+                f"get it with `{self.fetch}`, or point ${self.env_var} at a copy")
 
 
 @dataclass(frozen=True)
@@ -22,6 +46,7 @@ class EnvSpec:
     kwargs: dict = field(default_factory=dict)
     description: str = ""
     extra: str | None = None                  # the pip extra that installs what it needs
+    data: GameData | None = None              # the files it reads that no package installs
 
 
 def _babyai(task: str, description: str) -> EnvSpec:
@@ -34,6 +59,9 @@ def _babaisai(task: str, description: str) -> EnvSpec:
 
 def _textworld(kind: str, description: str) -> EnvSpec:
     return EnvSpec("horizonrl.envs.textworld:TextWorldEnv", {"kind": kind}, description, "textworld")
+
+
+ALFWORLD_DATA = GameData("ALFWORLD_DATA", "~/.cache/alfworld", "json_2.1.1", "alfworld-download")
 
 
 REGISTRY: dict[str, EnvSpec] = {
@@ -61,6 +89,8 @@ REGISTRY: dict[str, EnvSpec] = {
     "textworld/simple": _textworld("simple", "TextWorld: a small generated house quest"),
     "textworld/coin_collector": _textworld("coin_collector", "TextWorld: find the coin through connected rooms"),
     "textworld/treasure_hunter": _textworld("treasure_hunter", "TextWorld: find a named object in the house"),
+    "alfworld": EnvSpec("horizonrl.envs.alfworld:ALFWorld", {}, "ALFWorld: household tasks in text (task= picks one of "
+                        "its six types)", "alfworld", ALFWORLD_DATA),
 }
 REGISTRY.update({f"gem:{game}": EnvSpec("horizonrl.envs.gem_env:GemGame", {"game": game}, f"GEM: {game}", "gem")
                  for game in gem_games.GAMES})
@@ -80,7 +110,8 @@ def spec(env_id: str) -> EnvSpec:
 
 
 def factory(env_id: str) -> Callable[..., TextEnv]:
-    """The class behind `env_id`, imported now; a missing package is one message saying what to install."""
+    """The class behind `env_id`, imported now; a missing package or missing data is one message saying what
+    to install or fetch."""
     entry = spec(env_id)
     if not isinstance(entry.factory, str):
         return entry.factory
@@ -89,9 +120,12 @@ def factory(env_id: str) -> Callable[..., TextEnv]:
         imported = importlib.import_module(module)
     except ImportError as error:
         hint = f": pip install 'horizonrl[{entry.extra}]'" if entry.extra else ""
-        raise ValueError(f"env {env_id!r} needs a package that is not installed ({error}){hint}") from None
+        then = f", then `{entry.data.fetch}` for its data" if entry.data and entry.data.missing() else ""
+        raise ValueError(f"env {env_id!r} needs a package that is not installed ({error}){hint}{then}") from None
     if not hasattr(imported, name):
         raise ValueError(f"env {env_id!r}: module {module} has no {name}")
+    if entry.data and (missing := entry.data.missing()):
+        raise ValueError(f"env {env_id!r} cannot run: {missing}")
     return getattr(imported, name)
 
 
@@ -112,4 +146,4 @@ def make(env_id: str, **kwargs) -> TextEnv:
     return factory(env_id)(**{**spec(env_id).kwargs, **kwargs})
 
 
-__all__ = ["EnvSpec", "Instruction", "REGISTRY", "TextEnv", "check_kwargs", "factory", "make", "register", "spec"]
+__all__ = ["EnvSpec", "GameData", "Instruction", "REGISTRY", "TextEnv", "check_kwargs", "factory", "make", "register", "spec"]
