@@ -182,7 +182,7 @@ def test_sft_on_an_env_without_an_expert_is_one_config_error_naming_env_id(tmp_p
     assert main(args) == 2
     error = capsys.readouterr().err
     assert ("horizonrl: config error:\nenv.id: river has no expert to demonstrate it (no expert_action()); "
-            "demonstrations exist for the babyai/* and babaisai/* envs\n") in error and "Traceback" not in error
+            "docs/environments.md names the envs with one\n") in error and "Traceback" not in error
     assert not any(tmp_path.iterdir())
 
 

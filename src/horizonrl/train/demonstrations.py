@@ -26,7 +26,7 @@ def expert_episodes(agent: Agent, env_id: str, env_kwargs: dict, episodes: int, 
     try:
         if not hasattr(handle.env, "expert_action"):
             raise ConfigError(f"env.id: {env_id} has no expert to demonstrate it (no expert_action()); "
-                              "demonstrations exist for the babyai/* and babaisai/* envs")
+                              "docs/environments.md names the envs with one")
         expert = EnvEpisodes([handle], [env_id], agent, ExpertEngine(agent.tokenizer, handle),
                              SamplingParams(stop_patterns=agent.stop_patterns), max_turns=max_turns)
         collector = GroupCollector(expert, n_tasks=episodes, group_size=1, seed=seed)
