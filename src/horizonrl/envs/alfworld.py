@@ -54,6 +54,8 @@ def game_files(folder: Path, task: str) -> list[Path]:
 
 
 class ALFWorld(TextWorldEnv):
+    """TextWorldEnv's step and state_key over ALFWorld's games: its own game list, instruction and reset."""
+
     default_action = "look"
     translations = {"look around": "look", "l": "look", "i": "inventory", "inv": "inventory",
                     "check inventory": "inventory"}
