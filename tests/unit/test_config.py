@@ -51,7 +51,7 @@ BAD = [  # overrides of the toy recipe -> the line of the error that names the k
     (["model.tiny.num_kv_heads=3"], "model.tiny.num_kv_heads: 3 does not divide num_heads = 4"),
     (["model.path=Qwen/Qwen2.5-0.5B-Instruct"], "model.warm_start: trains the tiny model from scratch"),
     (["rollout=3"], "rollout: Input should be a valid dictionary"),
-    (["env.id=rivr"], "env.id: unknown env 'rivr'; known envs: babaisai/goto_win-distr_obj"),
+    (["env.id=rivr"], "env.id: unknown env 'rivr'; known envs: alfworld, babaisai/goto_win-distr_obj"),
     (["env.id=babyai/gotoo"], "env.id: unknown env 'babyai/gotoo'"),
     (["env.kwargs.stone=3"], "env.kwargs: kwargs do not fit env 'river': got an unexpected keyword argument 'stone'"),
     (["env.kwargs.stones=30"], "env.kwargs: kwargs do not fit env 'river': need 1 <= stones <= max_steps"),
