@@ -70,14 +70,13 @@ class ALFWorld(TextWorldEnv):
         if max_steps < 1:
             raise ValueError(f"need max_steps >= 1, got {max_steps}")
         self.task, self.split, self.max_steps = task, split, max_steps
-        self.folder = (Path(data_dir) if data_dir is not None else ALFWORLD_DATA.folder()) / "json_2.1.1" / split
+        self.folder = (Path(data_dir) if data_dir is not None else ALFWORLD_DATA.folder()) / ALFWORLD_DATA.probe / split
         self.games: list[Path] | None = None       # listed at the first reset
         self.actions: list[str] = [self.default_action]
         self.objective = ""
         self.score, self.max_score, self.steps = 0, 1, 0
         self._env = None
         self.shown = ""
-        self.game = None                            # the game file being played
 
     @property
     def instruction(self) -> Instruction:
@@ -105,12 +104,12 @@ class ALFWorld(TextWorldEnv):
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
         tw = self._tw
-        self.game = self.game_file(seed)
+        game = self.game_file(seed)
         if self._env is not None:
             self._env.close()
         wanted = tw.EnvInfos(feedback=True, admissible_commands=True, won=True, lost=True, extras=["gamefile"])
         with _quiet():
-            self._env = tw.start(str(self.game), wanted, wrappers=[AlfredDemangler(), AlfredInfos])
+            self._env = tw.start(str(game), wanted, wrappers=[AlfredDemangler(), AlfredInfos])
             state = self._env.reset()
         found = TASK_LINE.search(state["feedback"])
         self.objective = found.group(1).strip() if found else ""
@@ -127,4 +126,5 @@ class ALFWorld(TextWorldEnv):
         plan = game._pddl_state.replan(game._entity_infos)
         if not plan:
             return self.default_action, "no plan reaches the goal from here"
-        return plan[0], f"{len(plan)} command{'s' * (len(plan) > 1)} to the goal: {', '.join(plan[:4])}{' ...' * (len(plan) > 4)}"
+        shown = f"{', '.join(plan[:4])}{' ...' * (len(plan) > 4)}"
+        return plan[0], f"{len(plan)} command{'s' * (len(plan) > 1)} to the goal: {shown}"
