@@ -44,3 +44,21 @@ def test_model_tokenizer_mismatch_is_one_clear_error(river_tiny):
     small = AutoModelForCausalLM.from_config(model.config.__class__(**{**model.config.to_dict(), "vocab_size": 100}))
     with pytest.raises(ValueError, match=r"tokenizer has \d+ tokens but the model embeds only 100"):
         check_compatible(tokenizer, small, "tiny")
+
+
+def test_a_maps_symbols_stay_a_token_each_through_save_and_load(tmp_path):
+    """Sokoban's rows, seen often enough to merge into one token each, are read symbol by symbol when the
+    env's map_symbols are isolated, before and after a save; other text still merges."""
+    from transformers import AutoTokenizer
+
+    from horizonrl.envs.sokoban import Sokoban
+    from horizonrl.learner.tokenizer import train_bpe_tokenizer
+
+    corpus = ["#__X_O#\n#P____#\nmoves to solve"] * 50
+    merged = train_bpe_tokenizer(corpus, 300)
+    assert "#__X_O#" in merged.tokenize("#__X_O#")             # without isolation a row is one token
+    isolated = train_bpe_tokenizer(corpus, 300, isolated=Sokoban.map_symbols)
+    isolated.save_pretrained(tmp_path)
+    for tokenizer in isolated, AutoTokenizer.from_pretrained(tmp_path):
+        assert tokenizer.tokenize("#__X_O#\n#P____#") == [*"#__X_O#", "Ċ", *"#P____#"]
+        assert len(tokenizer.tokenize("moves to solve")) == 1

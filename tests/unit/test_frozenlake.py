@@ -40,6 +40,21 @@ def test_the_map_as_text_and_a_walk_into_a_hole():
     assert (reward, terminated, info["success"], info["progress"]) == (0.0, True, False, 0.0)
 
 
+def test_surroundings_and_the_experts_reason_read_the_cells_around():
+    lake = FrozenLake(size=4, surroundings=True)
+    lake.reset(0)
+    lake.map = ["SFHF", "FHFF", "FFFF", "HFFG"]
+    from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
+    lake.lake = FrozenLakeEnv(desc=lake.map, is_slippery=False)
+    lake.lake.reset(seed=0)
+    assert lake.render() == "P_O_\n_O__\n____\nO__G\nAround you: left edge, down ice, right ice, up edge."
+    assert lake.expert_action() == ("down", "around me: left edge, down ice, right ice, up edge; "
+                                            "6 moves to the goal: down, down, right, down, right, right")   # BFS tries down first
+    observation = lake.step("right")[0]
+    assert observation.endswith("Around you: left ice, down hole, right hole, up edge.")
+    assert "Around you" not in envs.make("frozenlake/4x4").reset(0)[0]
+
+
 @pytest.mark.parametrize("env_id", ["frozenlake/4x4", "frozenlake/8x8"])
 def test_the_expert_reaches_the_goal_of_held_out_maps_in_the_fewest_moves(env_id):
     lake = envs.make(env_id)

@@ -29,6 +29,21 @@ def test_the_room_is_drawn_in_the_fields_symbols():
     assert hand_made().render() == "######\n#_O__#\n#__X_#\n#PXO_#\n######\n######\nBoxes on targets: 0 of 2."
 
 
+def test_surroundings_say_what_each_move_meets_and_where_boxes_and_targets_lie():
+    env = hand_made()
+    env.surroundings_shown = True                     # Sokoban(surroundings=True)
+    assert env.render().splitlines()[-2:] == [
+        "Around you: up floor, down wall, left wall, right box.",
+        "Boxes: 1 up and 2 right of you; 1 right of you. Targets: 2 up and 1 right of you; 2 right of you."]
+    observation = env.step("right")[0]                # box (3, 2) onto target (3, 3); the player to (3, 2)
+    assert observation.splitlines()[-2:] == [
+        "Around you: up floor, down wall, left floor, right box.",
+        "Boxes: 1 up and 1 right of you; 1 right of you. Targets: 2 up of you; 1 right of you."]
+    env.player = (1, 2)                               # on a target
+    assert env.render().endswith("Targets: here; 2 down and 1 right of you.")
+    assert "Around you" not in envs.make("sokoban/6x6-1box").reset(0)[0]
+
+
 def test_moves_pushes_and_what_changes_nothing():
     assert push(WALLS, (3, 1), BOXES, "left") == ((3, 1), BOXES)                  # into a wall
     assert push(WALLS, (3, 1), BOXES, "up") == ((2, 1), BOXES)                    # a walk

@@ -8,10 +8,15 @@ text, one row a line, in RAGEN's symbols:
 
     P  you        _  frozen        O  hole        G  goal        X  you in a hole        √  you on the goal
 
+With `surroundings=True` a last line names what each move would step on ("Around you: left edge, down hole,
+right ice, up ice."): RAGEN's lake has no such line, but a model too small to read a grid's columns needs it
+(a 0.5M-parameter model fine-tuned on 1,024 expert walks without it wrote "down ice" whatever lay below:
+BENCHMARKS.md, "Tiny recipes").
+
 Moves `left`, `down`, `right`, `up` (gymnasium's 0-3); walking into the edge stays. Reward 1 on the goal
 (success); a hole ends the episode with 0. `expert_action()`: the first move of a shortest path to the goal
 around the holes (breadth-first; on a slippery lake that is what a careful walker would try, not an optimal
-policy).
+policy); its reason reads the cells around, then gives the path.
 """
 
 from __future__ import annotations
@@ -27,14 +32,17 @@ ACTIONS = {name: f"move one cell {name}" for name in MOVES}
 class FrozenLake:
     actions = list(MOVES)
     default_action = "left"
+    map_symbols = "P_OGX√"
     translations = {"move left": "left", "move down": "down", "move right": "right", "move up": "up",
                     "west": "left", "south": "down", "east": "right", "north": "up"}
 
-    def __init__(self, size: int = 4, slippery: bool = False, frozen_share: float = 0.8, max_steps: int = 100):
+    def __init__(self, size: int = 4, slippery: bool = False, frozen_share: float = 0.8, max_steps: int = 100,
+                 surroundings: bool = False):
         if size < 2 or not 0 < frozen_share <= 1 or max_steps < 1:
             raise ValueError(f"need size >= 2, 0 < frozen_share <= 1, max_steps >= 1; got size={size}, "
                              f"frozen_share={frozen_share}, max_steps={max_steps}")
         self.size, self.slippery, self.frozen_share, self.max_steps = size, slippery, frozen_share, max_steps
+        self.surroundings_shown = surroundings
         self.lake = None
         self.map: list[str] = []
         self.steps = 0
@@ -91,6 +99,8 @@ class FrozenLake:
             if r == where[0]:
                 cells[where[1]] = {"H": "X", "G": "√"}.get(row[where[1]], "P")
             rows.append("".join(cells))
+        if self.surroundings_shown:
+            rows.append(f"Around you: {self.surroundings()}.")
         return "\n".join(rows)
 
     def shortest_path(self) -> list[str] | None:
@@ -114,11 +124,20 @@ class FrozenLake:
                     queue.append(nxt)
         return None
 
+    def surroundings(self) -> str:
+        """What each move would step on: "left edge, down hole, right ice, up ice"."""
+        row, column = self.position
+        names = {"S": "ice", "F": "ice", "H": "hole", "G": "goal"}
+        return ", ".join(f"{move} {names[self.map[row + dr][column + dc]]}"
+                         if 0 <= row + dr < self.size and 0 <= column + dc < self.size else f"{move} edge"
+                         for move, (dr, dc) in MOVES.items())
+
     def expert_action(self) -> tuple[str, str]:
-        """The first move of a shortest path to the goal around the holes, and its length as the reason."""
+        """The first move of a shortest path to the goal around the holes; the reason reads the cells around
+        and gives the path."""
         if self.lake is None:
             raise RuntimeError("call reset(seed) before expert_action")
         moves = self.shortest_path()
         if not moves:
-            return self.default_action, "no path to the goal"
-        return moves[0], f"{len(moves)} moves to the goal: {', '.join(moves)}"
+            return self.default_action, f"around me: {self.surroundings()}; no path to the goal"
+        return moves[0], f"around me: {self.surroundings()}; {len(moves)} moves to the goal: {', '.join(moves)}"

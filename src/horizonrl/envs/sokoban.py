@@ -13,6 +13,11 @@ from) for `REVERSE_STEPS` moves; the state whose boxes ended farthest from their
 when a breadth-first search solves it in at least `min_solution_moves` moves (else the next sub-seed is tried).
 Every pulled position is reachable forwards by pushing, so every room is solvable.
 
+With `surroundings=True` two last lines say what each move would meet and where the boxes and targets lie from
+you ("Around you: up wall, down floor, left box, right floor." / "Boxes: 1 up and 2 right of you. Targets: 3 down
+of you."): the field's rooms have no such lines, but a model too small to read a grid's columns needs them
+(BENCHMARKS.md, "Tiny recipes").
+
 Moves `up`, `down`, `left`, `right`: into a wall, or pushing a box into a wall or another box, changes nothing.
 Reward 1 when the last box reaches a target (success); `progress` is the share of boxes on targets.
 `expert_action()`: the first move of a shortest solution from the current state (breadth-first search over
@@ -138,14 +143,17 @@ def generate_room(size: int, boxes: int, seed: int, min_solution_moves: int = 1)
 class Sokoban:
     actions = list(MOVES)
     default_action = "up"
+    map_symbols = "#_OX√PS"
     translations = {"move up": "up", "move down": "down", "move left": "left", "move right": "right",
                     "north": "up", "south": "down", "west": "left", "east": "right"}
 
-    def __init__(self, size: int = 6, boxes: int = 1, max_steps: int = 100, min_solution_moves: int = 1):
+    def __init__(self, size: int = 6, boxes: int = 1, max_steps: int = 100, min_solution_moves: int = 1,
+                 surroundings: bool = False):
         if size < 4 or boxes < 1 or max_steps < 1 or min_solution_moves < 1:
             raise ValueError(f"need size >= 4, boxes >= 1, max_steps >= 1, min_solution_moves >= 1; got size={size}, "
                              f"boxes={boxes}, max_steps={max_steps}, min_solution_moves={min_solution_moves}")
         self.size, self.boxes, self.max_steps, self.min_solution_moves = size, boxes, max_steps, min_solution_moves
+        self.surroundings_shown = surroundings
         self.room: Room | None = None
         self.player: Cell = (0, 0)
         self.box_cells: frozenset[Cell] = frozenset()
@@ -207,7 +215,33 @@ class Sokoban:
 
         rows = ["".join(symbol((r, c)) for c in range(room.size)) for r in range(room.size)]
         placed = len(self.box_cells & room.targets)
-        return "\n".join(rows) + f"\nBoxes on targets: {placed} of {self.boxes}."
+        rows.append(f"Boxes on targets: {placed} of {self.boxes}.")
+        if self.surroundings_shown:
+            rows.append(f"Around you: {self.surroundings()}.")
+            rows.append(f"Boxes: {self.offsets(self.box_cells)}. Targets: {self.offsets(room.targets)}.")
+        return "\n".join(rows)
+
+    def surroundings(self) -> str:
+        """What each move would meet: "up wall, down floor, left box, right target"."""
+        def name(cell: Cell) -> str:
+            if cell in self.room.walls:
+                return "wall"
+            if cell in self.box_cells:
+                return "box"
+            return "target" if cell in self.room.targets else "floor"
+
+        row, column = self.player
+        return ", ".join(f"{move} {name((row + dr, column + dc))}" for move, (dr, dc) in MOVES.items())
+
+    def offsets(self, cells: frozenset[Cell]) -> str:
+        """Where `cells` lie from the player: "1 up and 2 right of you, here" (sorted, "; " between cells)."""
+        def offset(cell: Cell) -> str:
+            dr, dc = cell[0] - self.player[0], cell[1] - self.player[1]
+            parts = ([f"{abs(dr)} {'down' if dr > 0 else 'up'}"] if dr else []) + \
+                    ([f"{abs(dc)} {'right' if dc > 0 else 'left'}"] if dc else [])
+            return f"{' and '.join(parts)} of you" if parts else "here"
+
+        return "; ".join(offset(cell) for cell in sorted(cells))
 
     def expert_action(self) -> tuple[str, str]:
         """The first move of a shortest solution from here, and the solution's length as the reason."""

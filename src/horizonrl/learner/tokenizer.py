@@ -3,12 +3,15 @@
 Byte-level BPE encodes any string (no unknown tokens). Merges may cross spaces but not newlines
 ("superword" tokens, as in SentencePiece without whitespace splitting): a sentence the env repeats
 often becomes one token, so the tiny model's prompts are a few dozen tokens and the default job runs
-in minutes on a CPU, while rare text still falls back to shorter pieces and bytes. The special tokens
+in minutes on a CPU, while rare text still falls back to shorter pieces and bytes. A map drawn as text is
+the exception: its symbols (`isolated`) stay tokens of their own, so a row is read cell by cell rather than
+as one token per row the model saw in training (a held-out map would be new tokens). The special tokens
 and the chat template match Qwen2.5's ChatML layout.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -54,19 +57,21 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024,
-                        individual_digits: bool = False) -> PreTrainedTokenizerFast:
+def train_bpe_tokenizer(corpus: Iterable[str], vocab_size: int = 1024, individual_digits: bool = False,
+                        isolated: str = "") -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on `corpus` and wrap it as a Hugging Face fast tokenizer with ChatML.
 
     `<|im_end|>` is the EOS token (it ends every assistant message), `<|endoftext|>` the padding.
     The vocabulary may stay below `vocab_size` when the corpus has no more pairs to merge.
     `individual_digits`: every digit is a token of its own, as in Qwen2.5's tokenizer, so a number is
     copied digit by digit (tasks whose answers are numbers); else digits merge with the text around them.
+    `isolated`: characters that are always a token of their own, wherever they stand (a map's symbols).
     """
     bpe = Tokenizer(models.BPE())
     digits = [pre_tokenizers.Digits(individual_digits=True)] if individual_digits else []
+    symbols = [pre_tokenizers.Split(Regex(f"[{re.escape(isolated)}]"), behavior="isolated")] if isolated else []
     bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"), *digits,
+        pre_tokenizers.Split(Regex(r"\n"), behavior="isolated"), *digits, *symbols,
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     bpe.decoder = decoders.ByteLevel()

@@ -55,15 +55,18 @@ def env_corpus(env: TextEnv, episodes: int = 64, max_steps: int = 2000, seed: in
 
 
 def build_tiny_for_envs(envs: list[TextEnv], tiny: TinyModel, seed: int, device):
-    """(tokenizer, model): a BPE tokenizer trained on the text of every env in `envs` and a random tiny
-    model for it."""
-    return build_tiny([text for env in envs for text in env_corpus(env, seed=seed)], tiny, seed, device)
+    """(tokenizer, model): a BPE tokenizer trained on the text of every env in `envs` (the symbols of their
+    maps, `env.map_symbols`, kept a token each) and a random tiny model for it."""
+    symbols = "".join(sorted({symbol for env in envs for symbol in getattr(env, "map_symbols", "")}))
+    return build_tiny([text for env in envs for text in env_corpus(env, seed=seed)], tiny, seed, device,
+                      isolated=symbols)
 
 
-def build_tiny(corpus: list[str], tiny: TinyModel, seed: int, device, individual_digits: bool = False):
+def build_tiny(corpus: list[str], tiny: TinyModel, seed: int, device, individual_digits: bool = False,
+               isolated: str = ""):
     """(tokenizer, model): a BPE tokenizer trained on `corpus` (see train_bpe_tokenizer) and a random tiny
     model for it."""
-    tokenizer = train_bpe_tokenizer(corpus, tiny.vocab_size, individual_digits)
+    tokenizer = train_bpe_tokenizer(corpus, tiny.vocab_size, individual_digits, isolated)
     model = build_tiny_policy(tokenizer, tiny.hidden_size, tiny.num_layers, tiny.num_heads, tiny.num_kv_heads,
                               tiny.intermediate_size, tiny.max_position_embeddings, seed)
     return tokenizer, model.to(device)
