@@ -67,16 +67,10 @@ class ALFWorld(TextWorldEnv):
             raise ValueError(f"unknown ALFWorld task {task!r}; known: all, {', '.join(TASK_TYPES)}")
         if split not in SPLITS:
             raise ValueError(f"unknown ALFWorld split {split!r}; known: {', '.join(SPLITS)}")
-        if max_steps < 1:
-            raise ValueError(f"need max_steps >= 1, got {max_steps}")
-        self.task, self.split, self.max_steps = task, split, max_steps
+        self.task, self.split = task, split
         self.folder = (Path(data_dir) if data_dir is not None else ALFWORLD_DATA.folder()) / ALFWORLD_DATA.probe / split
         self.games: list[Path] | None = None       # listed at the first reset
-        self.actions: list[str] = [self.default_action]
-        self.objective = ""
-        self.score, self.max_score, self.steps = 0, 1, 0
-        self._env = None
-        self.shown = ""
+        self._before_the_first_game(max_steps)
 
     @property
     def instruction(self) -> Instruction:

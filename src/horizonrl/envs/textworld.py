@@ -99,14 +99,19 @@ class TextWorldEnv:
         self._tw = _textworld()
         if kind not in SETTINGS:
             raise ValueError(f"unknown TextWorld kind {kind!r}; known: {', '.join(SETTINGS)}")
-        if max_steps < 1:
-            raise ValueError(f"need max_steps >= 1, got {max_steps}")
-        self.kind, self.max_steps = kind, max_steps
+        self.kind = kind
         self.settings = {**SETTINGS[kind], **(settings or {})}
         self.game_dir = Path(game_dir) if game_dir is not None else default_game_dir()
+        self.walkthrough: list[str] = []   # a winning command sequence from the start, for tests and debugging
+        self._before_the_first_game(max_steps)
+
+    def _before_the_first_game(self, max_steps: int) -> None:
+        """The play state before any reset (shared with ALFWorld), after checking `max_steps`."""
+        if max_steps < 1:
+            raise ValueError(f"need max_steps >= 1, got {max_steps}")
+        self.max_steps = max_steps
         self.actions: list[str] = [self.default_action]
         self.objective = ""
-        self.walkthrough: list[str] = []   # a winning command sequence from the start, for tests and debugging
         self.score, self.max_score, self.steps = 0, 1, 0
         self._env = None
         self.shown = ""                 # the last observation
