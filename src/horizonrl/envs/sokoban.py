@@ -234,7 +234,7 @@ class Sokoban:
         return ", ".join(f"{move} {name((row + dr, column + dc))}" for move, (dr, dc) in MOVES.items())
 
     def offsets(self, cells: frozenset[Cell]) -> str:
-        """Where `cells` lie from the player: "1 up and 2 right of you, here" (sorted, "; " between cells)."""
+        """Where `cells` lie from the player, sorted: "1 up and 2 right of you; here"."""
         def offset(cell: Cell) -> str:
             dr, dc = cell[0] - self.player[0], cell[1] - self.player[1]
             parts = ([f"{abs(dr)} {'down' if dr > 0 else 'up'}"] if dr else []) + \
