@@ -24,13 +24,20 @@ def test_a_seed_draws_one_map_without_touching_the_global_rngs():
     assert lake.reset(3)[0] == first
 
 
-def test_the_map_as_text_and_a_walk_into_a_hole():
-    lake = FrozenLake(size=4)
-    lake.reset(0)
-    lake.map = ["SFHF", "FHFF", "FFFF", "HFFG"]          # a map by hand, played by gymnasium's own env
+def hand_made(surroundings: bool = False) -> FrozenLake:
+    """A map by hand, played by gymnasium's own env."""
     from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
+
+    lake = FrozenLake(size=4, surroundings=surroundings)
+    lake.reset(0)
+    lake.map = ["SFHF", "FHFF", "FFFF", "HFFG"]
     lake.lake = FrozenLakeEnv(desc=lake.map, is_slippery=False)
     lake.lake.reset(seed=0)
+    return lake
+
+
+def test_the_map_as_text_and_a_walk_into_a_hole():
+    lake = hand_made()
     assert lake.render() == "P_O_\n_O__\n____\nO__G"
     assert lake.step("up")[1:4] == (0.0, False, False)   # the edge: stays
     assert lake.render().startswith("P")
@@ -41,12 +48,7 @@ def test_the_map_as_text_and_a_walk_into_a_hole():
 
 
 def test_surroundings_and_the_experts_reason_read_the_cells_around():
-    lake = FrozenLake(size=4, surroundings=True)
-    lake.reset(0)
-    lake.map = ["SFHF", "FHFF", "FFFF", "HFFG"]
-    from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv
-    lake.lake = FrozenLakeEnv(desc=lake.map, is_slippery=False)
-    lake.lake.reset(seed=0)
+    lake = hand_made(surroundings=True)
     assert lake.render() == "P_O_\n_O__\n____\nO__G\nAround you: left edge, down ice, right ice, up edge."
     assert lake.expert_action() == ("down", "around me: left edge, down ice, right ice, up edge; "
                                             "6 moves to the goal: down, down, right, down, right, right")   # BFS tries down first
