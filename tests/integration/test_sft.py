@@ -2,6 +2,8 @@
 
 import copy
 import json
+import math
+import random
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from horizonrl.learner.sft import supervised_finetune
 from horizonrl.records import Episode, SampleBatch
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.samples.tensors import row_tensors
-from horizonrl.train.demonstrations import expert_episodes
+from horizonrl.train.demonstrations import demonstration_rows, expert_episodes
 from horizonrl.train.warm_start import build_tiny_for_envs
 
 torch.set_num_threads(1)
@@ -45,6 +47,68 @@ def test_following_the_bot_solves_babyai_tasks(task):
             if terminated or truncated:
                 break
         assert terminated and info["success"] and reward == 1.0
+
+
+@pytest.mark.parametrize("task", ["goto", "pickup"])
+def test_the_bot_told_of_random_moves_and_turns_still_solves_babyai_tasks(task):
+    """Advising mode: a third of the steps take a random other move or turn than the bot's, which the env tells
+    the bot (replan(action_taken)); the bot plans from there and solves every episode. A bot not told of them
+    (replan() alone) believes its own action was taken: on pickup it drops an object it never picked up (an
+    assertion inside minigrid's bot)."""
+    env, rng = BabyAIEnv(task, max_steps=64), random.Random(0)
+    for seed in range(20):
+        env.reset(seed)
+        for _ in range(env.max_steps):
+            action, _ = env.expert_action()
+            if rng.random() < 1 / 3:
+                action = rng.choice([other for other in env.expert_recovers_from if other != action])
+            _, reward, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                break
+        assert terminated and info["success"], (task, seed)
+
+
+def test_noisy_demonstrations_mask_their_deviations_and_learn_from_the_rest(goto_tiny):
+    """sft.expert_noise=0.3: about 30% of the turns play a random other action than the bot's and are
+    marked; their rows' loss masks are all zero, every other row keeps its response mask; supervised_finetune
+    then draws only the rows with a mask. The same seed gives the same deviations; noise 0 none."""
+    tokenizer, model = goto_tiny
+    agent = Agent(tokenizer, memory=1)
+    demos = expert_episodes(agent, "babyai/goto", {}, episodes=8, max_turns=64, seed=0, noise=0.3)
+    turns = [turn for episode in demos for turn in episode.turns]
+    deviated = [bool(turn.info.get("deviation")) for turn in turns]
+    assert 0.15 < sum(deviated) / len(turns) < 0.45 and all(e.metrics["success"] for e in demos)
+    again = expert_episodes(agent, "babyai/goto", {}, episodes=8, max_turns=64, seed=0, noise=0.3)
+    assert [bool(t.info.get("deviation")) for e in again for t in e.turns] == deviated
+    rows = demonstration_rows(demos)
+    for mask, turn, deviation in zip(rows.loss_mask, turns, deviated):
+        assert mask == [0] * len(mask) if deviation else mask == [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids)
+    clean = expert_episodes(agent, "babyai/goto", {}, episodes=2, max_turns=64, seed=0)
+    assert not any(turn.info.get("deviation") for episode in clean for turn in episode.turns)
+
+
+def test_sft_draws_only_rows_with_a_loss_mask(goto_tiny, demos):
+    """Row 0 has no mask (a deviation): were it drawn, its loss would be 0/0. Each of 4 one-row steps
+    draws row 1, so the first loss is row 1's alone, the same as on a batch of row 1 only."""
+    tokenizer, model = goto_tiny
+    turn = demos[0].turns[0]
+    ids = turn.prompt_ids + turn.response_ids
+    mask = [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids)
+    masked = SampleBatch([ids, ids], [[0] * len(ids), mask], [], [])
+    losses = supervised_finetune(copy.deepcopy(model), masked, pad_token_id(tokenizer), steps=4, batch_size=1, lr=1e-3)
+    alone = supervised_finetune(copy.deepcopy(model), SampleBatch([ids], [mask], [], []), pad_token_id(tokenizer),
+                                steps=4, batch_size=1, lr=1e-3)
+    assert all(math.isfinite(loss) for loss in losses) and losses == pytest.approx(alone, rel=1e-5)
+    with pytest.raises(ValueError, match="no rows to learn from"):
+        supervised_finetune(model, SampleBatch([ids], [[0] * len(ids)], [], []), pad_token_id(tokenizer), steps=1,
+                            batch_size=1, lr=1e-3)
+
+
+def test_expert_noise_on_an_expert_that_does_not_recover_is_refused(goto_tiny):
+    with pytest.raises(ValueError, match="sft.expert_noise: the expert of env.id babaisai/goto_win-distr_obj "
+                                         "does not say which actions it recovers from"):
+        expert_episodes(Agent(goto_tiny[0]), "babaisai/goto_win-distr_obj", {}, episodes=1, max_turns=8, seed=0,
+                        noise=0.1)
 
 
 def test_expert_episodes_are_rendered_through_the_agents_own_prompts(goto_tiny):

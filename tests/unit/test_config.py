@@ -167,6 +167,14 @@ def test_the_ppo_batch_rule_applies_to_ppo_only():
         load_config(TOY, ["algorithm=ppo", "optim.mini_batch_size=48"])
 
 
+def test_expert_noise_is_a_probability_below_one():
+    """1 would leave no demonstration turn to learn from."""
+    assert load_config(TOY, ["sft.expert_noise=0.25"]).sft.expert_noise == 0.25
+    for bad in ("1", "-0.1"):
+        with pytest.raises(ConfigError, match="sft.expert_noise"):
+            load_config(TOY, [f"sft.expert_noise={bad}"])
+
+
 def test_algorithm_names_come_from_the_estimator_registry():
     from horizonrl.algos.group import ESTIMATORS
 

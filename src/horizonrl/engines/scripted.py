@@ -63,15 +63,31 @@ class RandomFormatEngine(ScriptedEngine):
         return plan_text(restate(observation), unused.pop())
 
 
-class ExpertEngine(ScriptedEngine):
+class ExpertEngine:
     """Plays the action of an env's expert (`env.expert_action() -> (action, reason)`, e.g. BabyAI's
     bot) in the agent's response format, the reason as its THINK. The env must live in this process:
-    `handle` is an `InProcessEnv`, and the engine answers for that one env only."""
+    `handle` is an `InProcessEnv`, and the engine answers for that one env only.
 
-    def __init__(self, tokenizer, handle):
-        super().__init__(tokenizer, self.plan)
-        self.handle = handle
+    With `noise` > 0, each turn with that probability plays a uniformly random other action of
+    `env.expert_recovers_from` instead (the expert is still asked, so it replans from the deviation). Those
+    turns, as (prompt ids, response ids), are in `deviations`: they are not demonstrations. (A turn of another
+    episode with the same prompt is told apart by its response, the expert's action, which a deviation never
+    plays.)"""
 
-    def plan(self, prompt_text: str) -> str:
+    def __init__(self, tokenizer, handle, noise: float = 0.0, seed: int = 0):
+        self.tokenizer, self.handle, self.noise = tokenizer, handle, noise
+        self.rng = random.Random(seed)
+        self.deviations: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         action, reason = self.handle.env.expert_action()
-        return plan_text(reason, action)
+        deviates = bool(self.noise) and self.rng.random() < self.noise
+        if deviates:
+            action = self.rng.choice([other for other in self.handle.env.expert_recovers_from if other != action])
+        generation = scripted_generation(self.tokenizer, plan_text(reason, action), params)
+        if deviates:
+            self.deviations.add((tuple(prompt_ids), tuple(generation.token_ids)))
+        return generation
+
+    def sync_weights(self, model) -> None:
+        raise TypeError("ExpertEngine plays an env's expert, not a model; there are no weights to sync")

@@ -126,6 +126,9 @@ AGENT = (VIEW // 2, VIEW - 1)     # the agent's cell in the view grid, facing to
 class BabyAIEnv:
     actions = list(ACTIONS)
     default_action = "go forward"
+    # what a noisy demonstration (sft.expert_noise) may take instead of the bot's action: the bot replans from
+    # any move or turn, but a box toggled open is gone for good (minigrid's bot gives up on it)
+    expert_recovers_from = ("turn left", "turn right", "go forward")
     translations = {
         "forward": "go forward", "move forward": "go forward", "go straight": "go forward",
         "walk forward": "go forward", "step forward": "go forward", "move ahead": "go forward",
@@ -153,6 +156,8 @@ class BabyAIEnv:
             self._env = level(max_steps=self.max_steps)
         self._mission: str | None = None
         self._bot: BabyAIBot | None = None
+        self._suggested: int | None = None   # the bot's last action, and the action the env last took
+        self._taken: int | None = None
 
     @property
     def unwrapped(self) -> Any:
@@ -171,7 +176,7 @@ class BabyAIEnv:
         with contextlib.redirect_stdout(io.StringIO()):   # minigrid's "Sampling rejected: ..." retries
             self._env.reset(seed=seed)
         self._mission = self._env.mission
-        self._bot = None
+        self._bot = self._suggested = self._taken = None
         return describe(self._env), {"mission": self._mission}
 
     def state_key(self) -> str:
@@ -184,10 +189,12 @@ class BabyAIEnv:
     def expert_action(self) -> tuple[str, str]:
         """(action, reason): the next action of minigrid's BabyAI bot, which plans from the full grid
         state, and what it is doing, e.g. ("go forward", "go next to the red box"). Call it once per
-        step and take that action: the bot keeps its plan between calls (it restarts on reset)."""
+        step: the bot keeps its plan between calls (it restarts on reset). A step that took another action
+        than the bot's is told to the bot (its advising mode), which replans from there."""
+        deviation = self._taken if self._bot is not None and self._taken != self._suggested else None
         if self._bot is None:
             self._bot = BabyAIBot(self._env)
-        action = self._bot.replan()
+        action = self._suggested = self._bot.replan(deviation)
         if action not in _ACTION_TEXT:
             raise RuntimeError(f"the BabyAI bot chose {action!r}, which this env does not offer")
         subgoal = self._bot.stack[-1] if self._bot.stack else None
@@ -198,7 +205,8 @@ class BabyAIEnv:
     def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}; valid: {self.actions}")
-        _, reward, terminated, truncated, _ = self._env.step(_MINIGRID_ACTION[action])
+        self._taken = _MINIGRID_ACTION[action]
+        _, reward, terminated, truncated, _ = self._env.step(self._taken)
         success = bool(terminated and reward > 0)   # minigrid's success reward is >= 0.1; failure gives 0
         truncated = bool(truncated and not terminated)
         info: dict[str, Any] = {"metrics": {}}

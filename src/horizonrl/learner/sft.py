@@ -18,25 +18,27 @@ log = logging.getLogger(__name__)
 
 def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batch_size: int, lr: float,
                         seed: int = 0, grad_clip: float = 1.0, check: Callable[[], None] = lambda: None) -> list[float]:
-    """AdamW on  -sum(mask * log p(token)) / sum(mask)  over random mini-batches of rows, `check()` before
-    every step (it may raise to stop: the model is then left as the steps so far made it). The loss and the
-    time so far are logged every tenth of the steps and at the last: a real model's warm start takes minutes.
+    """AdamW on  -sum(mask * log p(token)) / sum(mask)  over random mini-batches of the rows whose mask is not
+    all zero, `check()` before every step (it may raise to stop: the model is then left as the steps so far
+    made it). The loss and the time so far are logged every tenth of the steps and at the last: a real
+    model's warm start takes minutes.
 
-    Returns the loss of every step. A batch with no rows is a ValueError (there is nothing to learn from).
+    Returns the loss of every step. A batch with no such rows is a ValueError (there is nothing to learn from).
     """
-    if not batch.input_ids and steps:
-        raise ValueError(f"supervised fine-tuning has no rows to learn from ({steps} steps asked): the "
-                         "demonstrations have no turns")
+    learnable = [i for i, mask in enumerate(batch.loss_mask) if any(mask)]
+    if not learnable and steps:
+        raise ValueError(f"supervised fine-tuning has no rows to learn from ({steps} steps asked): no "
+                         "demonstration turn (turns that deviated from the expert are not learned from)")
     device = next(model.parameters()).device
     data = row_tensors(batch, pad_id, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
-    n_rows = data["input_ids"].shape[0]
+    n_rows = len(learnable)
     losses = []
     start, log_every = time.monotonic(), max(1, steps // 10)
     for step in range(1, steps + 1):
         check()
-        rows = torch.randint(n_rows, (min(batch_size, n_rows),), generator=generator).tolist()
+        rows = [learnable[i] for i in torch.randint(n_rows, (min(batch_size, n_rows),), generator=generator).tolist()]
         mb = select_rows(data, rows)
         logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
         loss = -aggregate(logp, mb["loss_mask"], "token-mean")

@@ -30,10 +30,9 @@ from horizonrl.report.metrics import episode_metrics
 from horizonrl.report.sinks import MetricsSinks, check_sinks
 from horizonrl.rollout.failures import raise_if_none_succeeded
 from horizonrl.rollout.from_config import make_agent
-from horizonrl.samples.per_turn import per_turn
 from horizonrl.train.checkpoint import save_checkpoint
 from horizonrl.train.context import build_policy, make_run_dir
-from horizonrl.train.demonstrations import expert_episodes
+from horizonrl.train.demonstrations import demonstration_rows, expert_episodes
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +46,19 @@ def sft(cfg: TrainConfig) -> Path:
         tokenizer, policy = build_policy(cfg, device)
         agent = make_agent(tokenizer, cfg.agent)
         demos = [episode for env_id in cfg.env.ids for episode in
-                 expert_episodes(agent, env_id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed)]
+                 expert_episodes(agent, env_id, cfg.env.kwargs, cfg.sft.episodes, cfg.sft.max_turns, cfg.seed,
+                                 cfg.sft.expert_noise)]
         raise_if_none_succeeded(sum(1 for episode in demos if episode.turns), len(demos),
                                 [episode.metrics["error"] for episode in demos if "error" in episode.metrics],
                                 f"expert episode of env.id {', '.join(cfg.env.ids)} (sft.episodes={cfg.sft.episodes} "
                                 "each)", "sft has no demonstration to learn from; nothing was saved")
         demo_metrics = episode_metrics(demos)
-        log.info("%d expert episodes, %d turns, success rate %.3f", len(demos), demo_metrics["env/turns"],
+        demo_metrics["sft/deviations"] = sum(turn.info.get("deviation", False) for e in demos for turn in e.turns)
+        log.info("%d expert episodes, %d turns (%d of them random deviations, not learned from), success rate "
+                 "%.3f", len(demos), demo_metrics["env/turns"], demo_metrics["sft/deviations"],
                  demo_metrics["env/success_rate"])
         sharing = share_prefixes(lm_body(policy)) if cfg.optim.shared_prefix else None
-        losses = supervised_finetune(policy, per_turn(demos), pad_token_id(tokenizer), cfg.sft.steps,
+        losses = supervised_finetune(policy, demonstration_rows(demos), pad_token_id(tokenizer), cfg.sft.steps,
                                      cfg.sft.batch_size, cfg.sft.lr, seed=cfg.seed)
     shared = {}
     if sharing is not None:
