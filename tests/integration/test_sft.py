@@ -1,4 +1,4 @@
-"""Expert demonstrations (BabyAI's bot, the BabaIsAI solver) and `horizonrl sft` on them."""
+"""Expert demonstrations (BabyAI's bot, the BabaIsAI solver, Sokoban's search) and `horizonrl sft` on them."""
 
 import copy
 import json
@@ -8,10 +8,12 @@ import random
 import pytest
 import torch
 
+from horizonrl import envs
 from horizonrl.agents.agent import Agent
 from horizonrl.cli import main
 from horizonrl.config import SOURCE_CONFIGS, TinyModel
 from horizonrl.envs.babyai import BabyAIEnv
+from horizonrl.envs.sokoban import solve
 from horizonrl.learner.models import pad_token_id
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.records import Episode, SampleBatch
@@ -61,7 +63,7 @@ def test_the_bot_told_of_random_moves_and_turns_still_solves_babyai_tasks(task):
         for _ in range(env.max_steps):
             action, _ = env.expert_action()
             if rng.random() < 1 / 3:
-                action = rng.choice([other for other in env.expert_recovers_from if other != action])
+                action = rng.choice([other for other in env.expert_recovers_from() if other != action])
             _, reward, terminated, truncated, info = env.step(action)
             if terminated or truncated:
                 break
@@ -85,6 +87,26 @@ def test_noisy_demonstrations_mask_their_deviations_and_learn_from_the_rest(goto
         assert mask == [0] * len(mask) if deviation else mask == [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids)
     clean = expert_episodes(agent, "babyai/goto", {}, episodes=2, max_turns=64, seed=0)
     assert not any(turn.info.get("deviation") for episode in clean for turn in episode.turns)
+
+
+def test_noisy_sokoban_demonstrations_deviate_only_where_the_room_stays_solvable(qwen_tokenizer):
+    """Sokoban's deviations are moves that change the room and leave it solvable (expert_recovers_from()):
+    replayed, each changes the player's or a box's cell and the room still has a solution; every noisy
+    demonstration ends solved."""
+    demos = expert_episodes(Agent(qwen_tokenizer), "sokoban/6x6-1box", {"max_steps": 60}, episodes=8, max_turns=60,
+                            seed=0, noise=0.3)
+    turns = [turn for episode in demos for turn in episode.turns]
+    assert 0.1 < sum(bool(turn.info.get("deviation")) for turn in turns) / len(turns) < 0.45
+    assert all(episode.metrics["success"] for episode in demos)
+    env = envs.make("sokoban/6x6-1box", max_steps=60)
+    for episode in demos:
+        env.reset(episode.seed)
+        for turn in episode.turns:
+            before = (env.player, env.box_cells)
+            env.step(turn.action)
+            if turn.info.get("deviation"):
+                assert (env.player, env.box_cells) != before
+                assert solve(env.room.walls, env.room.targets, env.player, env.box_cells) is not None
 
 
 def test_sft_draws_only_rows_with_a_loss_mask(goto_tiny, demos):

@@ -104,3 +104,27 @@ def test_the_expert_solves_held_out_rooms_in_the_fewest_moves(env_id):
             action, reason = env.expert_action()
             _, reward, terminated, truncated, info = env.step(action)
         assert info["success"] and env.steps == shortest, (seed, reason)
+
+
+def test_the_moves_a_noisy_demonstration_may_take_change_the_room_and_leave_it_solvable():
+    """sft.expert_noise: a third of the steps take a random other move of expert_recovers_from(); every such move
+    changes the room and leaves it solvable, so the expert, searching again from there, solves every held-out
+    room. With every move allowed, a box ends stuck against a wall and the room unsolved."""
+    env = hand_made()
+    assert env.expert_recovers_from() == ["up", "right"]          # down and left: walls
+    env.player = (2, 2)                  # right pushes box (2, 3) against the right wall, off both targets' lines
+    assert env.expert_recovers_from() == ["up", "left"]           # down: box (3, 2) into the wall
+    env.box_cells = frozenset({(1, 1), (3, 3)})                   # (1, 1) in a corner: nothing recovers
+    assert env.expert_recovers_from() == []
+    env, rng = envs.make("sokoban/6x6-1box"), random.Random(0)
+    env.max_steps = 200
+    for seed in range(600_100, 600_140):
+        env.reset(seed)
+        terminated = truncated = False
+        while not (terminated or truncated):
+            action, _ = env.expert_action()
+            others = [move for move in env.expert_recovers_from() if move != action]
+            if others and rng.random() < 1 / 3:
+                action = rng.choice(others)
+            _, _, terminated, truncated, info = env.step(action)
+        assert info["success"], seed

@@ -69,10 +69,10 @@ class ExpertEngine:
     `handle` is an `InProcessEnv`, and the engine answers for that one env only.
 
     With `noise` > 0, each turn with that probability plays a uniformly random other action of
-    `env.expert_recovers_from` instead (the expert is still asked, so it replans from the deviation). Those
-    turns, as (prompt ids, response ids), are in `deviations`: they are not demonstrations. (A turn of another
-    episode with the same prompt is told apart by its response, the expert's action, which a deviation never
-    plays.)"""
+    `env.expert_recovers_from()` instead (the expert is still asked next turn, so it replans from the deviation;
+    where there is no other, the expert's own). Those turns, as (prompt ids, response ids), are in `deviations`:
+    they are not demonstrations. (A turn of another episode with the same prompt is told apart by its response,
+    the expert's action, which a deviation never plays.)"""
 
     def __init__(self, tokenizer, handle, noise: float = 0.0, seed: int = 0):
         self.tokenizer, self.handle, self.noise = tokenizer, handle, noise
@@ -81,9 +81,12 @@ class ExpertEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         action, reason = self.handle.env.expert_action()
-        deviates = bool(self.noise) and self.rng.random() < self.noise
+        others = []
+        if self.noise and self.rng.random() < self.noise:
+            others = [other for other in self.handle.env.expert_recovers_from() if other != action]
+        deviates = bool(others)
         if deviates:
-            action = self.rng.choice([other for other in self.handle.env.expert_recovers_from if other != action])
+            action = self.rng.choice(others)
         generation = scripted_generation(self.tokenizer, plan_text(reason, action), params)
         if deviates:
             self.deviations.add((tuple(prompt_ids), tuple(generation.token_ids)))

@@ -126,9 +126,6 @@ AGENT = (VIEW // 2, VIEW - 1)     # the agent's cell in the view grid, facing to
 class BabyAIEnv:
     actions = list(ACTIONS)
     default_action = "go forward"
-    # what a noisy demonstration (sft.expert_noise) may take instead of the bot's action: the bot replans from
-    # any move or turn, but a box toggled open is gone for good (minigrid's bot gives up on it)
-    expert_recovers_from = ("turn left", "turn right", "go forward")
     translations = {
         "forward": "go forward", "move forward": "go forward", "go straight": "go forward",
         "walk forward": "go forward", "step forward": "go forward", "move ahead": "go forward",
@@ -185,6 +182,11 @@ class BabyAIEnv:
         carrying = env.carrying.encode() if env.carrying is not None else None
         return state_digest(tuple(int(x) for x in env.agent_pos), int(env.agent_dir), carrying,
                             env.grid.encode().tobytes())
+
+    def expert_recovers_from(self) -> list[str]:
+        """What a noisy demonstration (sft.expert_noise) may take instead of the bot's action: the bot replans
+        from any move or turn, but a box toggled open is gone for good (minigrid's bot gives up on it)."""
+        return ["turn left", "turn right", "go forward"]
 
     def expert_action(self) -> tuple[str, str]:
         """(action, reason): the next action of minigrid's BabyAI bot, which plans from the full grid

@@ -21,7 +21,8 @@ of you."): the field's rooms have no such lines, but a model too small to read a
 Moves `up`, `down`, `left`, `right`: into a wall, or pushing a box into a wall or another box, changes nothing.
 Reward 1 when the last box reaches a target (success); `progress` is the share of boxes on targets.
 `expert_action()`: the first move of a shortest solution from the current state (breadth-first search over
-(player, boxes); a room the agent made unsolvable gets `up`, with that reason).
+(player, boxes); a room the agent made unsolvable gets `up`, with that reason). `expert_recovers_from()`: the moves
+a noisy demonstration may take instead (sft.expert_noise).
 """
 
 from __future__ import annotations
@@ -242,6 +243,17 @@ class Sokoban:
             return f"{' and '.join(parts)} of you" if parts else "here"
 
         return "; ".join(offset(cell) for cell in sorted(cells))
+
+    def expert_recovers_from(self) -> list[str]:
+        """What a noisy demonstration (sft.expert_noise) may take instead of the expert's move: the moves that
+        change the room and leave it solvable (a box pushed into a corner is stuck for good; a walk into a wall
+        shows nothing new). The expert searches again from wherever it stands."""
+        recoverable = []
+        for move in MOVES:
+            player, boxes = push(self.room.walls, self.player, self.box_cells, move)
+            if player != self.player and solve(self.room.walls, self.room.targets, player, boxes) is not None:
+                recoverable.append(move)
+        return recoverable
 
     def expert_action(self) -> tuple[str, str]:
         """The first move of a shortest solution from here, and the solution's length as the reason."""
