@@ -451,6 +451,9 @@ class SFTConfig(Section):
     steps: int = Field(500, ge=0)
     batch_size: int = Field(32, gt=0)
     lr: float = Field(3e-3, gt=0)
+    lr_decay: Literal["constant", "cosine"] = Field(
+        "constant", description="cosine: step s of the steps learns at lr x (1 + cos(pi x (s - 1) / steps)) / 2, "
+                                "from lr towards 0 (learner/sft.py sft_lr_factor)")
     expert_noise: float = Field(0.0, ge=0, lt=1, description=(
         "probability that a demonstration turn takes a random other action the expert recovers from "
         "(DART, Laskey et al. 2017): those turns are not learned from, the expert's next ones show recovery"))

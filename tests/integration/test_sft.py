@@ -126,6 +126,25 @@ def test_sft_draws_only_rows_with_a_loss_mask(goto_tiny, demos):
                             batch_size=1, lr=1e-3)
 
 
+@pytest.mark.parametrize("decay, factors", [
+    ("constant", [1, 1, 1, 1]),
+    ("cosine", [1, (1 + 0.5 ** 0.5) / 2, 0.5, (1 - 0.5 ** 0.5) / 2]),   # (1 + cos(pi (s - 1) / 4)) / 2 by hand
+])
+def test_sft_lr_decay_sets_each_steps_learning_rate(goto_tiny, demos, monkeypatch, decay, factors):
+    tokenizer, model = goto_tiny
+    seen = []
+    adamw_step = torch.optim.AdamW.step
+
+    def recording_step(optimizer, *args, **kwargs):
+        seen.append(optimizer.param_groups[0]["lr"])
+        return adamw_step(optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    supervised_finetune(copy.deepcopy(model), per_turn(demos), pad_token_id(tokenizer), steps=4, batch_size=2,
+                        lr=1e-3, lr_decay=decay)
+    assert seen == pytest.approx([1e-3 * factor for factor in factors], rel=1e-9)
+
+
 def test_expert_noise_on_an_expert_that_does_not_recover_is_refused(goto_tiny):
     with pytest.raises(ValueError, match="sft.expert_noise: the expert of env.id babaisai/goto_win-distr_obj "
                                          "does not say which actions it recovers from"):

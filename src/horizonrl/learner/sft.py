@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
@@ -17,11 +19,12 @@ log = logging.getLogger(__name__)
 
 
 def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batch_size: int, lr: float,
-                        seed: int = 0, grad_clip: float = 1.0, check: Callable[[], None] = lambda: None) -> list[float]:
+                        seed: int = 0, grad_clip: float = 1.0, check: Callable[[], None] = lambda: None,
+                        lr_decay: Literal["constant", "cosine"] = "constant") -> list[float]:
     """AdamW on  -sum(mask * log p(token)) / sum(mask)  over random mini-batches of the rows whose mask is not
-    all zero, `check()` before every step (it may raise to stop: the model is then left as the steps so far
-    made it). The loss and the time so far are logged every tenth of the steps and at the last: a real
-    model's warm start takes minutes.
+    all zero, at the learning rate lr x sft_lr_factor(lr_decay, ...), `check()` before every step (it may raise
+    to stop: the model is then left as the steps so far made it). The loss and the time so far are logged every
+    tenth of the steps and at the last: a real model's warm start takes minutes.
 
     Returns the loss of every step. A batch with no such rows is a ValueError (there is nothing to learn from).
     """
@@ -32,6 +35,7 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
     device = next(model.parameters()).device
     data = row_tensors(batch, pad_id, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: sft_lr_factor(lr_decay, done, steps))
     generator = torch.Generator().manual_seed(seed)
     n_rows = len(learnable)
     losses = []
@@ -46,7 +50,16 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         optimizer.step()
+        schedule.step()
         losses.append(loss.item())
         if step % log_every == 0 or step == steps:
             log.info("sft step %d/%d: loss %.4f, %.0f s", step, steps, losses[-1], time.monotonic() - start)
     return losses
+
+
+def sft_lr_factor(decay: Literal["constant", "cosine"], done: int, steps: int) -> float:
+    """The learning rate of step done + 1 over the configured one: constant 1, or cosine
+    (1 + cos(pi * done / steps)) / 2, from 1 at the first step towards 0 at the last."""
+    if decay == "constant":
+        return 1.0
+    return 0.5 * (1 + math.cos(math.pi * done / max(steps, 1)))

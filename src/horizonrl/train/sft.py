@@ -59,7 +59,8 @@ def sft(cfg: TrainConfig) -> Path:
                  demo_metrics["env/success_rate"])
         sharing = share_prefixes(lm_body(policy)) if cfg.optim.shared_prefix else None
         losses = supervised_finetune(policy, demonstration_rows(demos), pad_token_id(tokenizer), cfg.sft.steps,
-                                     cfg.sft.batch_size, cfg.sft.lr, seed=cfg.seed)
+                                     cfg.sft.batch_size, cfg.sft.lr, seed=cfg.seed,
+                                     lr_decay=cfg.sft.lr_decay)
     shared = {}
     if sharing is not None:
         tokens, skipped = sharing.taken()
