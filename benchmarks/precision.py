@@ -3,31 +3,45 @@ how far the hf engine's log-probs are from the learner's under each (engine, lea
 
     python benchmarks/precision.py --model builtin:smollm2-135m-instruct
     python benchmarks/precision.py --model builtin:babyai-tiny --rows 16
+    python benchmarks/precision.py --model builtin:smollm2-135m-instruct --lora
 
 Prints one JSON object: {"fwd_bwd_tokens_per_s": {"fp32", "bf16"}, "bf16_speedup", "logprob_abs_diff":
-{"engine fp32 / learner fp32": {"mean", "max"}, ...}}. One torch thread; the timings are the best of 3.
+{"engine fp32 / learner fp32": {"mean", "max", "tokens"}, ...}}. One torch thread; the timings are the best of 3.
+
+--lora asks what LoRA adds to the gap. The learner is the model with adapters (r = 16 on every linear
+layer) whose B is drawn so that each adapted weight moves by `scale` of its norm (||scaling B A|| = scale
+||W||), the engine samples from the merged copy a LoRA run syncs (learner/models.engine_copy, bf16 where
+autocast is), and the gaps are those of the same sampled tokens against that learner ("adapters") and
+against a plain model holding the merged weights in fp32 (what a full fine-tune's learner holds):
+{"lora": {scale: {"engine / learner merged", "engine / learner adapters", "learner merged / learner
+adapters"}}}, all in bf16 (and "fp32" for scale 0.01 in fp32 throughout).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import time
 
 import torch
+from peft.tuners.lora import LoraLayer
 
 from horizonrl import envs
 from horizonrl.agents.agent import Agent
+from horizonrl.config import LoRAConfig
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.device import autocast, precision
-from horizonrl.learner.models import load_policy, pad_token_id
+from horizonrl.learner.lora import add_adapters
+from horizonrl.learner.models import engine_copy, load_policy, pad_token_id
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.samples.tensors import pad
 
 CPU = torch.device("cpu")
 PAIRS = [("fp32", "fp32"), ("bf16", "bf16"), ("fp32", "bf16")]     # (engine, learner)
+LORA_SCALES = (0.0, 0.001, 0.01, 0.05)      # ||scaling B A|| / ||W|| of each adapted weight
 
 
 def fwd_bwd_tokens_per_s(model, rows: int, length: int, compute: str) -> float:
@@ -45,8 +59,10 @@ def fwd_bwd_tokens_per_s(model, rows: int, length: int, compute: str) -> float:
     return rows * length / best
 
 
-def logprob_gaps(tokenizer, model, engine_precision: str, learner_precision: str, prompts: list[list[int]]) -> dict:
-    """Mean and max |engine log-prob - learner log-prob| over the tokens sampled for `prompts`."""
+def logprob_gaps(tokenizer, model, engine_precision: str, learner_precision: str, prompts: list[list[int]],
+                 learners: dict | None = None) -> dict:
+    """Mean and max |engine log-prob - learner log-prob| over the tokens `model` samples for `prompts`; with
+    `learners` ({name: model}), that gap for each, and between the first two ("<first> / <second>")."""
     pad_id = pad_token_id(tokenizer)
     engine = HFEngine(model, pad_id, seed=1, autocast_dtype=torch.bfloat16 if engine_precision == "bf16" else None)
     params = SamplingParams(max_tokens=16, temperature=1.0, stop_ids=(tokenizer.eos_token_id,))
@@ -57,12 +73,44 @@ def logprob_gaps(tokenizer, model, engine_precision: str, learner_precision: str
     engine.close()
     rows = [p + g.token_ids for p, g in zip(prompts, generations)]
     masks = [[0] * len(p) + [1] * len(g.token_ids) for p, g in zip(prompts, generations)]
-    with precision(learner_precision), torch.no_grad():
-        logp, _ = token_logprobs(model, pad(rows, pad_id, torch.long), pad([[1] * len(r) for r in rows], 0, torch.long),
-                                 pad(masks, 0, torch.float32))
-    gaps = torch.cat([(logp[row, len(p):len(p) + len(g.token_ids)] - torch.tensor(g.logprobs)).abs()
-                      for row, (p, g) in enumerate(zip(prompts, generations))])
-    return {"mean": float(gaps.mean()), "max": float(gaps.max()), "tokens": len(gaps)}
+    sampled = [torch.tensor(g.logprobs) for g in generations]
+
+    def learner_logprobs(learner) -> list[torch.Tensor]:
+        with precision(learner_precision), torch.no_grad():
+            logp, _ = token_logprobs(learner, pad(rows, pad_id, torch.long),
+                                     pad([[1] * len(r) for r in rows], 0, torch.long), pad(masks, 0, torch.float32))
+        return [logp[row, len(p):len(p) + len(g.token_ids)] for row, (p, g) in enumerate(zip(prompts, generations))]
+
+    if learners is None:
+        return gap(learner_logprobs(model), sampled)
+    scored = {name: learner_logprobs(learner) for name, learner in learners.items()}
+    first, second = list(scored)[:2]
+    return {**{f"engine / {name}": gap(logprobs, sampled) for name, logprobs in scored.items()},
+            f"{first} / {second}": gap(scored[first], scored[second])}
+
+
+def gap(logprobs: list[torch.Tensor], others: list[torch.Tensor]) -> dict:
+    """Mean and max |a - b| over every token of the rows."""
+    differences = torch.cat([(a - b).abs() for a, b in zip(logprobs, others)])
+    return {"mean": float(differences.mean()), "max": float(differences.max()), "tokens": len(differences)}
+
+
+def lora_gaps(tokenizer, model, prompts: list[list[int]], compute: str, scale: float) -> dict:
+    """The --lora measurement (module docstring) at one adapter `scale`, computing in `compute`."""
+    adapted, _ = add_adapters(copy.deepcopy(model), None, LoRAConfig(), seed=0)
+    generator = torch.Generator().manual_seed(0)
+    for layer in (module for module in adapted.modules() if isinstance(module, LoraLayer)):
+        b = layer.lora_B["default"].weight
+        with torch.no_grad():
+            b.copy_(torch.randn(b.shape, generator=generator))
+            delta = layer.scaling["default"] * b @ layer.lora_A["default"].weight
+            b.mul_(scale * layer.base_layer.weight.norm() / delta.norm())
+    dtype = torch.bfloat16 if compute == "bf16" else torch.float32
+    merged = engine_copy(adapted, torch.float32, CPU).eval()
+    with precision(compute):
+        engine = engine_copy(adapted, dtype, CPU).eval()
+        return logprob_gaps(tokenizer, engine, compute, compute, prompts,
+                            {"learner merged": merged, "learner adapters": adapted})
 
 
 def main() -> None:
@@ -70,13 +118,19 @@ def main() -> None:
     parser.add_argument("--model", default="builtin:smollm2-135m-instruct")
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--lora", action="store_true", help="what LoRA's merged engine copy adds to the gap")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer, model = load_policy(args.model, CPU)
     model.eval()
-    speed = {name: fwd_bwd_tokens_per_s(model, args.rows, args.length, name) for name in ("fp32", "bf16")}
     env, agent = envs.make("babyai/goto"), Agent(tokenizer)
     prompts = [agent.prompt_ids(env, [], env.reset(seed=seed)[0]) for seed in range(8)]
+    if args.lora:
+        print(json.dumps({"model": args.model, "lora": {
+            **{str(scale): lora_gaps(tokenizer, model, prompts, "bf16", scale) for scale in LORA_SCALES},
+            "fp32": lora_gaps(tokenizer, model, prompts, "fp32", 0.01)}}))
+        return
+    speed = {name: fwd_bwd_tokens_per_s(model, args.rows, args.length, name) for name in ("fp32", "bf16")}
     print(json.dumps({
         "model": args.model, "rows": args.rows, "length": args.length,
         "fwd_bwd_tokens_per_s": {name: round(value, 1) for name, value in speed.items()},
