@@ -59,40 +59,42 @@ def fwd_bwd_tokens_per_s(model, rows: int, length: int, compute: str) -> float:
     return rows * length / best
 
 
-def logprob_gaps(tokenizer, model, engine_precision: str, learner_precision: str, prompts: list[list[int]],
-                 learners: dict | None = None) -> dict:
-    """Mean and max |engine log-prob - learner log-prob| over the tokens `model` samples for `prompts`; with
-    `learners` ({name: model}), that gap for each, and between the first two ("<first> / <second>")."""
-    pad_id = pad_token_id(tokenizer)
-    engine = HFEngine(model, pad_id, seed=1, autocast_dtype=torch.bfloat16 if engine_precision == "bf16" else None)
+def sample(tokenizer, model, engine_precision: str, prompts: list[list[int]]) -> list:
+    """The hf engine's Generations (token ids and their log-probs) of up to 16 tokens for each prompt."""
+    engine = HFEngine(model, pad_token_id(tokenizer), seed=1,
+                      autocast_dtype=torch.bfloat16 if engine_precision == "bf16" else None)
     params = SamplingParams(max_tokens=16, temperature=1.0, stop_ids=(tokenizer.eos_token_id,))
 
     async def run():
         return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     generations = asyncio.run(run())
     engine.close()
+    return generations
+
+
+def learner_logprobs(tokenizer, learner, learner_precision: str, prompts: list[list[int]], generations: list
+                     ) -> list[torch.Tensor]:
+    """The learner's log-probs (learner/scoring.token_logprobs) of each prompt's sampled tokens."""
+    pad_id = pad_token_id(tokenizer)
     rows = [p + g.token_ids for p, g in zip(prompts, generations)]
     masks = [[0] * len(p) + [1] * len(g.token_ids) for p, g in zip(prompts, generations)]
-    sampled = [torch.tensor(g.logprobs) for g in generations]
-
-    def learner_logprobs(learner) -> list[torch.Tensor]:
-        with precision(learner_precision), torch.no_grad():
-            logp, _ = token_logprobs(learner, pad(rows, pad_id, torch.long),
-                                     pad([[1] * len(r) for r in rows], 0, torch.long), pad(masks, 0, torch.float32))
-        return [logp[row, len(p):len(p) + len(g.token_ids)] for row, (p, g) in enumerate(zip(prompts, generations))]
-
-    if learners is None:
-        return gap(learner_logprobs(model), sampled)
-    scored = {name: learner_logprobs(learner) for name, learner in learners.items()}
-    first, second = list(scored)[:2]
-    return {**{f"engine / {name}": gap(logprobs, sampled) for name, logprobs in scored.items()},
-            f"{first} / {second}": gap(scored[first], scored[second])}
+    with precision(learner_precision), torch.no_grad():
+        logp, _ = token_logprobs(learner, pad(rows, pad_id, torch.long),
+                                 pad([[1] * len(r) for r in rows], 0, torch.long), pad(masks, 0, torch.float32))
+    return [logp[row, len(p):len(p) + len(g.token_ids)] for row, (p, g) in enumerate(zip(prompts, generations))]
 
 
 def gap(logprobs: list[torch.Tensor], others: list[torch.Tensor]) -> dict:
     """Mean and max |a - b| over every token of the rows."""
     differences = torch.cat([(a - b).abs() for a, b in zip(logprobs, others)])
     return {"mean": float(differences.mean()), "max": float(differences.max()), "tokens": len(differences)}
+
+
+def logprob_gaps(tokenizer, model, engine_precision: str, learner_precision: str, prompts: list[list[int]]) -> dict:
+    """Mean and max |engine log-prob - learner log-prob| over the tokens sampled for `prompts`."""
+    generations = sample(tokenizer, model, engine_precision, prompts)
+    return gap(learner_logprobs(tokenizer, model, learner_precision, prompts, generations),
+               [torch.tensor(g.logprobs) for g in generations])
 
 
 def lora_gaps(tokenizer, model, prompts: list[list[int]], compute: str, scale: float) -> dict:
@@ -105,12 +107,15 @@ def lora_gaps(tokenizer, model, prompts: list[list[int]], compute: str, scale: f
             b.copy_(torch.randn(b.shape, generator=generator))
             delta = layer.scaling["default"] * b @ layer.lora_A["default"].weight
             b.mul_(scale * layer.base_layer.weight.norm() / delta.norm())
-    dtype = torch.bfloat16 if compute == "bf16" else torch.float32
     merged = engine_copy(adapted, torch.float32, CPU).eval()
-    with precision(compute):
-        engine = engine_copy(adapted, dtype, CPU).eval()
-        return logprob_gaps(tokenizer, engine, compute, compute, prompts,
-                            {"learner merged": merged, "learner adapters": adapted})
+    engine = merged if compute == "fp32" else engine_copy(adapted, torch.bfloat16, CPU).eval()
+    generations = sample(tokenizer, engine, compute, prompts)
+    sampled = [torch.tensor(g.logprobs) for g in generations]
+    merged_logprobs = learner_logprobs(tokenizer, merged, compute, prompts, generations)
+    adapters_logprobs = learner_logprobs(tokenizer, adapted, compute, prompts, generations)
+    return {"engine / learner merged": gap(merged_logprobs, sampled),
+            "engine / learner adapters": gap(adapters_logprobs, sampled),
+            "learner merged / learner adapters": gap(merged_logprobs, adapters_logprobs)}
 
 
 def main() -> None:
