@@ -293,6 +293,9 @@ class RolloutConfig(Section):
     max_batch_size: int = Field(256, gt=0)
     prefix_cache_tokens: int = Field(65536, ge=0, description="hf: KV of ended sequences kept for prompts that "
                                                               "extend them")
+    decode_step: Literal["auto", "dynamic", "static", "graph"] = Field(
+        "auto", description="hf: a decode step over the cache's filled part (dynamic), or at fixed shapes "
+                            "replayed as a CUDA graph (graph) or rerun eagerly (static); auto: graph on CUDA")
     vllm: VLLMOptions = VLLMOptions()
     openai: OpenAIOptions = OpenAIOptions()
     async_training: AsyncTrainingConfig = AsyncTrainingConfig()

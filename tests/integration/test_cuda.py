@@ -1,9 +1,11 @@
 """The same code on a CUDA GPU (bf16 autocast over fp32 weights). Skipped where there is no GPU."""
 
+import copy
 import math
 
 import pytest
 import torch
+from engine_streams import assert_same_samples, prompts_of, turns_of_streams
 
 from horizonrl.cli import main
 from horizonrl.config import SOURCE_CONFIGS
@@ -24,9 +26,21 @@ def test_auto_device_is_cuda_with_bf16_autocast():
     assert device.type == "cuda" and autocast_dtype(device) == torch.bfloat16
 
 
+def test_the_graph_decode_step_samples_what_the_dynamic_step_samples(river_tiny):
+    """engines/decode_graph.py on a GPU: CUDA graphs of the fixed-shape decode step, recorded once per buffer set
+    and replayed (the default on CUDA), sample what the dynamic step samples (fp32)."""
+    tokenizer, cpu_model = river_tiny
+    model = copy.deepcopy(cpu_model).cuda()
+    prompts = prompts_of(tokenizer, 6)
+    dynamic = turns_of_streams(HFEngine(model, tokenizer.pad_token_id, seed=3, decode_step="dynamic"), prompts)
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=3)
+    graphed = turns_of_streams(engine, prompts)
+    assert engine.decode_step == "graph" and engine._static_decode.recordings > 0   # no recording failed
+    assert_same_samples(graphed, dynamic, tolerance=1e-5)
+
+
 def test_engine_and_learner_logprobs_agree_on_gpu(river_tiny):
     import asyncio
-    import copy
 
     tokenizer, cpu_model = river_tiny
     model = copy.deepcopy(cpu_model).cuda()

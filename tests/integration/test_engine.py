@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import copy
 import random
 import re
 import threading
@@ -11,16 +12,13 @@ import pytest
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from horizonrl.engines import kv_cache
+from engine_streams import assert_same_samples, prompts_of, turns_of_streams
+from graph_recorder import record_and_replay
+from horizonrl.engines import decode_graph, kv_cache
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import MIN_SHARED_TOKENS, HFEngine, sample
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.samples.tensors import pad
-
-
-def prompts_of(tokenizer, n):
-    texts = [f"You are on stone {i} of 5. The next stone is to your right." * (1 + i % 3) for i in range(n)]
-    return [tokenizer.encode(t) for t in texts]
 
 
 def generate_all(engine, prompts, params):
@@ -428,31 +426,79 @@ async def _gather(engine, prompts, params):
 
 
 def test_the_growing_cache_samples_what_transformers_dynamic_cache_samples(river_tiny, monkeypatch):
-    """Streams of different lengths decode side by side (rows leave, later turns join, reuse kept prefixes and get
-    compacted; buffers grow): with engines/kv_cache's growing layers and with transformers' DynamicLayer, the same ids and
-    log-probs (fp32: within 1e-6)."""
+    """With engines/kv_cache's growing layers and with transformers' DynamicLayer, the same samples."""
     tokenizer, model = river_tiny
     prompts = prompts_of(tokenizer, 6)
-
-    def streams():
-        engine = HFEngine(model, tokenizer.pad_token_id, seed=3)
-
-        async def stream(i, prompt):
-            generations = []
-            for turn in range(3):
-                params = SamplingParams(max_tokens=4 + 28 * ((i + turn) % 3), seed=10 * i + turn)
-                generations.append(await engine.generate(prompt, params))
-                prompt = prompt + generations[-1].token_ids + [7, 8, 9]
-            return generations
-
-        async def run():
-            return await asyncio.gather(*(stream(i, p) for i, p in enumerate(prompts)))
-        alone = engine.generate_batch([prompts[0]], [SamplingParams(max_tokens=80, seed=1)])   # no row leaves
-        return [g for generations in asyncio.run(run()) for g in generations] + alone
-
-    growing = streams()
+    growing = turns_of_streams(HFEngine(model, tokenizer.pad_token_id, seed=3), prompts)
     monkeypatch.setattr(kv_cache, "LAYER", DynamicLayer)
-    dynamic = streams()
-    assert [g.token_ids for g in growing] == [g.token_ids for g in dynamic]
-    assert max(abs(a - b) for g, d in zip(growing, dynamic) for a, b in zip(g.logprobs, d.logprobs)) <= 1e-6
+    dynamic = turns_of_streams(HFEngine(model, tokenizer.pad_token_id, seed=3), prompts)
+    assert_same_samples(growing, dynamic)
     assert sum(len(g.token_ids) for g in growing) == 6 * (4 + 32 + 60) + 80   # 80 steps outgrow MIN_ROOM
+
+
+@pytest.mark.parametrize("capture", [decode_graph.run_eagerly, record_and_replay], ids=["eagerly", "replayed"])
+def test_decode_steps_at_fixed_shapes_sample_what_dynamic_steps_sample(river_tiny, monkeypatch, capture):
+    """engines/decode_graph.py: the fixed-shape decode step over the cache's whole buffers, run anew at every step
+    or recorded once per buffer set and replayed as a CUDA graph would be (tests/graph_recorder.py: on a CPU, without
+    the model's Python forward), samples what the dynamic step samples."""
+    tokenizer, model = river_tiny
+    prompts = prompts_of(tokenizer, 6)
+    dynamic = turns_of_streams(HFEngine(model, tokenizer.pad_token_id, seed=3, decode_step="dynamic"), prompts)
+    steps, in_recorded_replay = [], False
+
+    def counted(step):
+        replay = capture(step)
+
+        def counted_replay():
+            nonlocal in_recorded_replay
+            steps.append(1)
+            in_recorded_replay = capture is record_and_replay
+            try:
+                return replay()
+            finally:
+                in_recorded_replay = False
+        return counted_replay
+
+    def no_python_forward(*_):
+        assert not in_recorded_replay, "a replay ran the model's Python forward"
+    monkeypatch.setitem(decode_graph.CAPTURES, "static", counted)
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=3, decode_step="static")
+    handle = model.register_forward_pre_hook(no_python_forward)
+    try:
+        static = turns_of_streams(engine, prompts)
+    finally:
+        handle.remove()
+    assert_same_samples(static, dynamic)
+    assert engine.decode_step == "static"     # no recording failed
+    assert 0 < engine._static_decode.recordings < len(steps) / 4   # buffers stay put for 4 steps and more
+
+
+def test_a_decode_step_that_cannot_be_recorded_is_said_once_and_decoded_dynamically(river_tiny, monkeypatch,
+                                                                                    caplog):
+    tokenizer, model = river_tiny
+    prompts = prompts_of(tokenizer, 6)
+    dynamic = turns_of_streams(HFEngine(model, tokenizer.pad_token_id, seed=3, decode_step="dynamic"), prompts)
+
+    def no_graphs(step):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setitem(decode_graph.CAPTURES, "static", no_graphs)
+    engine = HFEngine(model, tokenizer.pad_token_id, seed=3, decode_step="static")
+    with caplog.at_level("WARNING", logger="horizonrl.engines.hf"):
+        fallen_back = turns_of_streams(engine, prompts)
+    assert_same_samples(fallen_back, dynamic)   # not bit for bit: when requests join decides the batches' rounding
+    assert engine.decode_step == "dynamic"
+    (record,) = caplog.records
+    assert "RuntimeError: operation not permitted when stream is capturing" in record.getMessage()
+
+
+def test_decode_step_names_what_this_engine_cannot_run(river_tiny):
+    tokenizer, model = river_tiny
+    assert HFEngine(model, tokenizer.pad_token_id).decode_step == "dynamic"   # auto, on a CPU
+    with pytest.raises(ValueError, match="records CUDA graphs: the model is on cpu"):
+        HFEngine(model, tokenizer.pad_token_id, decode_step="graph")
+    with pytest.raises(ValueError, match="decode_step must be auto, dynamic or one of"):
+        HFEngine(model, tokenizer.pad_token_id, decode_step="fast")
+    eager = copy.deepcopy(model)
+    eager.config._attn_implementation = "eager"
+    with pytest.raises(ValueError, match="needs SDPA attention on every layer"):
+        HFEngine(eager, tokenizer.pad_token_id, decode_step="static")

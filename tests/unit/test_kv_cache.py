@@ -3,7 +3,7 @@
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from horizonrl.engines.kv_cache import MIN_ROOM, GrowingLayer, new_cache, room_for
+from horizonrl.engines.kv_cache import MIN_ROOM, GrowingLayer, advance, new_cache, room_for, rows_for, static_writes
 
 
 def columns(n, seed):
@@ -36,6 +36,40 @@ def test_assigned_keys_and_values_are_stored_with_room_and_extend_in_place():
     got_keys, got_values = layer.update(new_keys[:2], new_values[:2])
     assert torch.equal(got_keys, torch.cat([keys, new_keys[:2]], dim=2))
     assert torch.equal(got_values, torch.cat([values, new_values[:2]], dim=2))
+
+
+def test_assigned_keys_and_values_go_into_the_same_buffers_while_they_fit():
+    layer = GrowingLayer()
+    keys, values = (torch.cat(pair, dim=0) for pair in zip(columns(5, 0), columns(5, 1)))   # 6 rows, 5 columns
+    layer.update(keys[:4], values[:4])                        # buffers of rows_for(4) = 4 rows, room_for(5) columns
+    layer.update(keys[:4, :, :1].repeat(1, 1, MIN_ROOM, 1), values[:4, :, :1].repeat(1, 1, MIN_ROOM, 1))
+    buffer = layer._buffers["keys"]
+    assert buffer.shape[:3] == (4, 2, 5 + MIN_ROOM) == layer.keys.shape[:3]   # full: keys is the whole buffer
+    assert [rows_for(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 4, 4, 8, 8, 16]
+    expected_keys, expected_values = layer.keys[1:].clone(), layer.values[1:].clone()
+    layer.keys, layer.values = layer.keys[1:], layer.values[1:]   # views of the buffers themselves, a row up
+    assert layer._buffers["keys"] is buffer
+    assert torch.equal(layer.keys, expected_keys) and torch.equal(layer.values, expected_values)
+    layer.keys = keys                                         # 6 rows do not fit in 4
+    assert layer._buffers["keys"].shape[:3] == (8, 2, room_for(5)) and torch.equal(layer.keys, keys)
+
+
+def test_static_writes_put_one_column_on_every_buffer_row_and_advance_counts_it():
+    cache = new_cache()
+    cache.update(*columns(5, 0), 0)                           # 3 rows of 5 columns, in buffers of 4 rows
+    layer = cache.layers[0]
+    before_keys, before_values = layer.keys.clone(), layer.values.clone()
+    generator = torch.Generator().manual_seed(1)
+    new_keys, new_values = torch.randn(4, 2, 1, 4, generator=generator), torch.randn(4, 2, 1, 4, generator=generator)
+    with static_writes(cache, torch.tensor([5])):
+        got_keys, got_values = cache.update(new_keys, new_values, 0)
+    assert got_keys is layer._buffers["keys"] and got_values is layer._buffers["values"]      # the whole buffers
+    assert torch.equal(got_keys[:, :, 5:6], new_keys) and torch.equal(got_values[:, :, 5:6], new_values)
+    assert layer.length == 5 and layer._column is None
+    advance(cache)
+    assert torch.equal(layer.keys, torch.cat([before_keys, new_keys[:3]], dim=2))
+    assert torch.equal(layer.values, torch.cat([before_values, new_values[:3]], dim=2))
+    assert not got_keys[:, :, 6:].any()                       # the room past the filled columns is zeros
 
 
 def test_a_new_cache_makes_growing_layers():

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ from transformers import DynamicCache
 
 from horizonrl.engines import constrained, kv_cache
 from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, matches_stop_pattern, settle
+from horizonrl.engines.decode_graph import CAPTURES, CaptureFailed, StaticDecode
+
+log = logging.getLogger(__name__)
 
 
 def cache_keyword(model) -> str:
@@ -111,11 +115,16 @@ class HFEngine:
     `sync_weights` came before). So what a request samples does not depend on which other requests
     share its decode steps or which prefixes it reuses (up to float rounding of batched matmuls), and
     a run whose collectors set `params.seed` is reproducible however the arrivals interleave.
+    `decode_step` says how a step that runs one new token per row runs: "dynamic" over the filled part of
+    the cache, or at fixed shapes over its whole buffers (engines/decode_graph.py), recorded as a CUDA graph
+    and replayed ("graph") or rerun eagerly ("static", to check on a CPU what a graph replays); "auto" is
+    "graph" on CUDA and "dynamic" elsewhere. A step that cannot be recorded is said once, and the engine
+    decodes dynamically from then on (`decode_step` then reads "dynamic").
     """
 
     def __init__(self, model, pad_id: int, max_batch_size: int = 256, seed: int = 0,
                  autocast_dtype: torch.dtype | None = None, tokenizer=None, prefix_cache_tokens: int = 65536,
-                 max_padding_tokens: int = 32):
+                 max_padding_tokens: int = 32, decode_step: str = "auto"):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.pad_id = pad_id
@@ -132,6 +141,9 @@ class HFEngine:
                                      and getattr(config, "sliding_window", None) is None
                                      and layer_types == {"full_attention"})
         self._cache_keyword = cache_keyword(model)
+        self.decode_step = self._decode_mode(decode_step)
+        self._static_decode = (None if self.decode_step == "dynamic"
+                               else StaticDecode(model, self._cache_keyword, pad_id, autocast_dtype, self.decode_step))
         self._prefixes: list[_Prefix] = []  # oldest first; used by whichever thread decodes
         self._lock = threading.Lock()  # guards _pending, _working and _decoding, shared with the worker thread
         self._weights = threading.Lock()  # held by a decode step and by a weight update
@@ -140,6 +152,19 @@ class HFEngine:
         self._pending: list[_Request] = []
         self._working = False  # a worker thread is running, or starting
         self._server: asyncio.Task | None = None  # holds the task that awaits the worker thread
+
+    def _decode_mode(self, decode_step: str) -> str:
+        """The decode step `decode_step` names (see the class docstring), or why this engine cannot run it."""
+        if decode_step == "auto":
+            return "graph" if self.device.type == "cuda" and self._sdpa_full_attention else "dynamic"
+        if decode_step != "dynamic" and decode_step not in CAPTURES:
+            raise ValueError(f"decode_step must be auto, dynamic or one of {sorted(CAPTURES)}, got {decode_step!r}")
+        if decode_step == "graph" and self.device.type != "cuda":
+            raise ValueError(f"decode_step='graph' records CUDA graphs: the model is on {self.device.type}")
+        if decode_step != "dynamic" and not self._sdpa_full_attention:
+            raise ValueError(f"decode_step={decode_step!r} runs the model with a boolean 4-d mask, which needs "
+                             "SDPA attention on every layer and no sliding window")
+        return decode_step
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         if not prompt_ids:
@@ -290,14 +315,31 @@ class HFEngine:
         width = max(map(len, new_tokens))
         input_ids = torch.tensor([[self.pad_id] * (width - len(t)) + t for t in new_tokens], device=self.device)
         new_attention = torch.tensor([[0] * (width - len(t)) + [1] * len(t) for t in new_tokens], device=self.device)
+        logits = self._static_step(batch, input_ids) if width == 1 else None
         attention = torch.cat([batch.attention, new_attention], dim=1)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -width:]
-        autocast = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype
-                    else contextlib.nullcontext())
-        with autocast:
-            out = self.model(input_ids=input_ids, attention_mask=self._mask(attention, width), position_ids=positions,
-                             use_cache=True, logits_to_keep=1, **{self._cache_keyword: batch.cache})
-        return _compact(_Batch(batch.requests, batch.cache, attention, out.logits[:, -1].float()))
+        if logits is None:
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -width:]
+            autocast = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype
+                        else contextlib.nullcontext())
+            with autocast:
+                out = self.model(input_ids=input_ids, attention_mask=self._mask(attention, width),
+                                 position_ids=positions, use_cache=True, logits_to_keep=1,
+                                 **{self._cache_keyword: batch.cache})
+            logits = out.logits[:, -1].float()
+        return _compact(_Batch(batch.requests, batch.cache, attention, logits))
+
+    def _static_step(self, batch: _Batch, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """The logits of a decode step (`input_ids` [rows, 1]) run at fixed shapes, the cache gaining its
+        column; None where the engine decodes dynamically or the batch's cache has no room for it there."""
+        if self._static_decode is None or not self._static_decode.fits(batch.cache, *batch.attention.shape):
+            return None
+        try:
+            return self._static_decode(batch.cache, batch.attention, input_ids)
+        except CaptureFailed as error:
+            log.warning("decode_step=%s: the decode step could not be recorded (%s); decoding dynamically from "
+                        "now on", self.decode_step, error)
+            self._static_decode, self.decode_step = None, "dynamic"
+            return None
 
     def _mask(self, attention: torch.Tensor, width: int) -> torch.Tensor:
         """What the model attends with while `attention`'s last `width` columns run. Where a row is padded

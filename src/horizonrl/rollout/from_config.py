@@ -58,7 +58,7 @@ def make_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: tor
             engine.sync_weights(model, tensors)
         return engine
     return HFEngine(model, pad_token_id(tokenizer), rollout.max_batch_size, seed, autocast_dtype(device), tokenizer,
-                    rollout.prefix_cache_tokens)
+                    rollout.prefix_cache_tokens, decode_step=rollout.decode_step)
 
 
 def sampling_params(rollout: RolloutConfig, tokenizer, model, agent: Agent,
