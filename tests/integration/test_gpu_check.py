@@ -43,7 +43,9 @@ def test_smoke_run_prints_the_check_as_json():
     assert set(result["variants"]) == {"full", "lora"}                 # on a CPU the defaults are "before"'s settings
     assert result["variants"]["full"]["micro_batch"] == {"rows": 4} and result["defaults_vs_before"] is None
     decode = result["decode"]
-    assert decode["engine_tokens_per_s"] > 0 and decode["generate_tokens_per_s"] > 0
+    assert set(decode["engine_tokens_per_s"]) == {"dynamic", "static"} and min(decode["engine_tokens_per_s"].values()) > 0
+    assert decode["fixed_shape_step"]["decode_step"] == "static" and decode["fixed_shape_step"]["recordings"] > 0
+    assert decode["generate_tokens_per_s"] > 0
     assert decode["bandwidth_tokens_per_s"] is None                     # no GPU: no bandwidth to divide by
     for name, variant in result["variants"].items():
         assert "error" not in variant, (name, variant.get("output"))
