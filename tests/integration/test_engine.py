@@ -473,6 +473,37 @@ def test_decode_steps_at_fixed_shapes_sample_what_dynamic_steps_sample(river_tin
     assert 0 < engine._static_decode.recordings < len(steps) / 4   # buffers stay put for 4 steps and more
 
 
+def test_a_replayed_decode_step_reads_the_weights_that_a_sync_copies_in(river_tiny, monkeypatch):
+    """A recording outlives a weight sync in the middle of a batch (asynchronous training): its replays read the new
+    weights, as a CUDA graph reads its tensors' memory, which `sync_weights` overwrites in place."""
+    tokenizer, model = river_tiny
+    prompts = prompts_of(tokenizer, 4)
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in moved.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(0)))
+
+    def decode(decode_step, sync):   # generate_batch's loop, with a sync after 10 decode steps
+        engine = HFEngine(copy.deepcopy(model), tokenizer.pad_token_id, seed=3, decode_step=decode_step)
+        results = {}
+        with engine._lock:
+            requests = [engine._request(p, SamplingParams(max_tokens=24, seed=i)) for i, p in enumerate(prompts)]
+        batch, steps = engine._step(None, requests, results.update), 0
+        while batch is not None:
+            if steps == 10 and sync:
+                engine.sync_weights(moved)
+            batch, steps = engine._step(batch, [], results.update), steps + 1
+        return [results[request] for request in requests], engine
+
+    monkeypatch.setitem(decode_graph.CAPTURES, "static", record_and_replay)
+    replayed, engine = decode("static", sync=True)
+    assert engine._static_decode.recordings == 1                # the one recording spans the sync
+    assert_same_samples(replayed, decode("dynamic", sync=True)[0])
+    unsynced = decode("dynamic", sync=False)[0]
+    assert [g.token_ids[:10] for g in replayed] == [g.token_ids[:10] for g in unsynced]
+    assert [g.token_ids for g in replayed] != [g.token_ids for g in unsynced]   # the sync changed what followed
+
+
 def test_a_decode_step_that_cannot_be_recorded_is_said_once_and_decoded_dynamically(river_tiny, monkeypatch,
                                                                                     caplog):
     tokenizer, model = river_tiny
