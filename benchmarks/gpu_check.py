@@ -457,7 +457,7 @@ def main() -> None:
         result["model"] = {"parameters": sum(p.numel() for p in model.parameters()),
                            **{key: dims[key] for key in ("hidden_size", "num_hidden_layers", "vocab_size")}}
         result["bf16_vs_fp32"] = bf16_vs_fp32(tokenizer, model)
-        result["decode"] = decode_speed(tokenizer, model)
+        result["decode"] = decode_speed(tokenizer, model, new_tokens=16 if smoke else 64)   # smoke: the path, fast
         del model
         gc.collect()             # the decode check's engine and bf16 copy sit in a reference cycle (engine <-> task)
         if not smoke:
