@@ -36,9 +36,11 @@ import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import get_args
 
 import torch
 
+from horizonrl.config import RolloutConfig
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.models import pad_token_id
@@ -173,7 +175,8 @@ def main():
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of this process")
     parser.add_argument("--enforce-eager", action="store_true", help="vLLM without torch.compile")
-    parser.add_argument("--decode-step", choices=["auto", "dynamic", "static", "graph"], default="auto",
+    parser.add_argument("--decode-step", choices=get_args(RolloutConfig.model_fields["decode_step"].annotation),
+                        default="auto",
                         help="hf: rollout.decode_step (auto: graph on CUDA, dynamic elsewhere)")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")     # vLLM's log lines stay off stdout, the JSON's

@@ -221,10 +221,9 @@ def decode_speed(tokenizer, model, streams: int = 16, new_tokens: int = 64) -> d
         return tokens / seconds, engine
 
     fixed_shape = "graph" if model.device.type == "cuda" else "static"
-    rates = {}
-    for decode_step in ("dynamic", fixed_shape):
-        rates[decode_step], engine = engine_rate(decode_step)
-    recordings = engine._static_decode.recordings if engine._static_decode else None
+    rates = {"dynamic": engine_rate("dynamic")[0]}
+    rates[fixed_shape], engine = engine_rate(fixed_shape)
+    recordings = engine._static_decode.recordings if engine._static_decode else None   # None: a recording failed
     batch = torch.tensor(prompts, device=model.device)
 
     def generate(tokens: int) -> int:

@@ -11,8 +11,8 @@ runs on
 - input tensors of its own (token ids, positions, mask, column) that each step fills before it runs.
 One recording serves every step until the buffers move (rows past the bucket, a column past the capacity, a new
 batch); the next step then records again. Transformers' forward reads nothing back from the device on this path
-(it uses a 4-d mask as given, and the engine passes positions): tests/unit/test_decode_graph.py records the step
-on a CPU as a capture would and replays it.
+(it uses a 4-d mask as given, and the engine passes positions): tests/integration/test_engine.py records the step
+on a CPU as a capture would (tests/graph_recorder.py) and replays it.
 
 How a recording is made is chosen by name (CAPTURES, HFEngine's `decode_step`): "graph" captures a CUDA graph;
 "static" reruns the fixed-shape step eagerly at every step (on a CPU: what a graph would replay, to check it).
