@@ -51,11 +51,12 @@ from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.device import autocast_dtype
 from horizonrl.learner.models import frozen_copy, load_policy, pad_token_id, resolve_model_path, stop_ids
-from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates
+from horizonrl.learner.update import Stats, minibatch_updates
 from horizonrl.records import Episode, Turn
 from horizonrl.train.batch import group_advantages_to_tokens
 from horizonrl.train.context import RunContext
 from horizonrl.train.loop import Stopwatch, score, sync_engine
+from horizonrl.train.sync_check import SyncCheck
 
 TINY = Path(resolve_model_path("builtin:babyai-tiny"))
 REAL = "builtin:smollm2-135m-instruct"
@@ -102,9 +103,8 @@ class HorizonrlGRPO:
         a = cfg.actor
         self.ctx = RunContext(cfg, run_dir, device, tokenizer, actor, frozen_copy(actor),
                               torch.optim.AdamW(actor.parameters(), lr=a.lr, weight_decay=cfg.optim.weight_decay),
-                              actor_loss_fn(actor, a.clip_low, a.clip_high, a.dual_clip, a.entropy_coef, a.loss_agg,
-                                            cfg.rollout.temperature, a.kl_loss_coef, a.tis_cap),
                               HFEngine(actor, pad_token_id(tokenizer), seed=cfg.seed, tokenizer=tokenizer),
+                              SyncCheck("the hf engine", max_growth=None, min_gap=1e-3, probe_rows=4),  # TRL has none
                               collector=None, metrics=None, checkpointer=None,
                               shuffle=torch.Generator().manual_seed(0),
                               micro_batch_budget=MicroBatchBudget(n_rows), first_iteration=1)

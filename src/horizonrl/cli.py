@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     sft_cmd = commands.add_parser("sft", help="supervised warm start from the env's expert demonstrations")
     sft_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
                          help="a recipe YAML and dotted overrides, e.g. sft.episodes=512 (the sft: section)")
+    sft_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     commands.add_parser("envs", help="list every env id")
     play_cmd = commands.add_parser("play", help="play an env in the terminal, shown the agent's exact prompt")
     play_cmd.add_argument("env_id")
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("horizonrl").setLevel(logging.INFO)   # ours at INFO; libraries' (an agent's HTTP client) quiet
-    if args.command == "train" and args.quiet:
+    if args.command in ("train", "sft") and args.quiet:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 cfg = load_config(config_path, overrides)
                 use_run_threads(cfg, "sft")
-                run_dir = sft(cfg)
+                run_dir = sft(cfg, progress=not args.quiet)
         except ConfigError as error:
             print(f"horizonrl: config error:\n{error}", file=sys.stderr)
             return 2

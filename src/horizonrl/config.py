@@ -25,7 +25,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -273,14 +273,14 @@ class AsyncTrainingConfig(Section):
 
 
 class SyncCheckConfig(Section):
-    """After each weight sync: a run whose engine/learner log-prob gap (`rollout/logprob_abs_diff_current`) grows
-    past max(max_growth x its first iterations' largest, min_gap) stops, naming the engine and the gap (a stale or
-    partial sync; train/sync_check.py)."""
+    """After each weight sync, the engine and the learner score the same probe rows of the first batch: a run whose
+    gap grows past max(max_growth x the gap before the first update, min_gap) stops, naming the engine and the gap
+    (a stale or partial sync; train/sync_check.py)."""
 
-    max_growth: float | None = Field(10.0, gt=1, description="how many times the first iterations' gap a later "
-                                                             "one may reach; null: no check")
-    min_gap: float = Field(0.05, gt=0, description="a gap (nats per token) below this never stops the run")
-    baseline_iterations: int = Field(3, gt=0, description="the first iterations whose gaps make the baseline")
+    max_growth: float | None = Field(4.0, gt=1, description="how many times the gap on the same weights (before the "
+                                                            "first update) a gap after a sync may reach; null: no check")
+    min_gap: float = Field(1e-3, gt=0, description="a gap (nats per token) below this never stops the run")
+    probe_rows: int = Field(4, gt=0, description="rows of the first batch that both sides score after each sync")
 
 
 class RolloutConfig(Section):
@@ -343,17 +343,20 @@ class RolloutConfig(Section):
 class MicroBatchBudget:
     """What one forward/backward pass may hold: `rows` rows, or, when `tokens` is set, rows x longest
     row <= tokens (see `learner.scoring.pack_rows`). `shared_prefix` (optim.shared_prefix): the rows are
-    packed in the order of their tokens, so that rows sharing a prefix share a micro-batch."""
+    packed in the order of their tokens, so that rows sharing a prefix share a micro-batch, and `tokens` bounds
+    the token slots of each micro-batch's two passes (`learner.scoring.pack_shared_rows`); `window`: the model's
+    attention window, which those passes respect (`learner.shared_prefix.attention_window`)."""
 
     rows: int
     tokens: int | None = None
     shared_prefix: bool = False
+    window: int | None = None
 
     def halved(self) -> MicroBatchBudget:
         """Half the token budget, or half the rows when there is none (never below 1)."""
         if self.tokens is None:
-            return MicroBatchBudget(max(1, self.rows // 2), None, self.shared_prefix)
-        return MicroBatchBudget(self.rows, max(1, self.tokens // 2), self.shared_prefix)
+            return replace(self, rows=max(1, self.rows // 2))
+        return replace(self, tokens=max(1, self.tokens // 2))
 
 
 class OptimConfig(Section):

@@ -1,11 +1,12 @@
 """Whether two iterations' metrics records, one from 2 ranks and one from 1 process, agree.
 
 Every statistic is over the global batch, so the records agree up to float summation order (relative 1e-4), but
-for timings and how each rank's rows were packed (`padding_share`)."""
+for timings, how each rank's rows were packed (`padding_share`) and the served-policy check's probe (each rank
+probes its own engine with rows of its own batch, and reports the largest rank's: train/sync_check.py)."""
 
 import math
 
-NOT_COMPARED = ("timing/", "perf/", "progress/wall_clock_s")
+NOT_COMPARED = ("timing/", "perf/", "progress/wall_clock_s", "rollout/sync_probe_")
 
 
 def assert_same_statistics(one_process: dict, two_ranks: dict) -> list[str]:

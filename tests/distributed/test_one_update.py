@@ -43,8 +43,8 @@ def one_update(tmp_path: Path, nproc: int, overrides: list[str]) -> tuple[dict, 
     return load_file(str(out)), json.loads(out.with_suffix(".json").read_text())
 
 
-# the toy recipe shares prompts' prefixes (optim.shared_prefix: two passes of the body in every micro-batch, on
-# every rank); the replicated variant runs the plain forward
+# the toy recipe shares prompts' prefixes (optim.shared_prefix: two passes of the body where a rank's micro-batch
+# shares, as many on every rank); the replicated variant runs the plain forward
 @pytest.mark.parametrize("algorithm,shard,lora", [("ppo", True, False), ("grpo", True, False), ("ppo", False, False),
                                                   ("ppo", True, True), ("grpo", True, True)],
                          ids=["ppo-fsdp", "grpo-fsdp", "ppo-replicated-plain", "ppo-fsdp-lora", "grpo-fsdp-lora"])

@@ -93,7 +93,7 @@ def learner_waits_for_the_producer_to_run_ahead(monkeypatch, steps_file: Path, m
         while steps() - before <= STEPS_PER_BATCH * (taken + max_staleness - 1):   # batch taken + K not begun
             assert time.monotonic() < deadline, "the producer did not run ahead"
             time.sleep(0.01)
-        sync_engine(ctx)
+        return sync_engine(ctx)
 
     monkeypatch.setattr(loop, "collect_turns", counted_collect_turns)
     monkeypatch.setattr(loop, "sync_engine", sync_once_ahead)

@@ -1,6 +1,7 @@
 """`horizonrl train` end to end on a small budget: run folder, metric keys, checkpoint, config errors."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -46,6 +47,24 @@ def test_train_writes_run_folder_metrics_and_checkpoint(tmp_path, capsys):
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     assert model.config.vocab_size >= len(tokenizer)
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_critic_warmup_shows_its_progress_unless_quiet(tmp_path, capsys, quiet):
+    """Before, the run's bar sat at 0/N through the whole critic warmup (minutes on a real model). Now a second bar
+    counts its 2 x (1 + 2) = 6 batches: the 2 collected (warmup_batches), then those fitted in 2 passes
+    (warmup_iters); it is first drawn at 0/6 and renamed at 2/6, when the fitting starts. --quiet: no bar."""
+    args = ["train", TOY, *SMALL, "iterations=0", "critic.warmup_batches=2", "critic.warmup_iters=2",
+            f"output_dir={tmp_path}", *(["--quiet"] if quiet else [])]
+    assert main(args) == 0
+    error = capsys.readouterr().err
+    states = [line for line in re.split(r"[\r\n]", error) if line.startswith("critic warmup")]
+    if quiet:
+        assert not states and "%|" not in error, error
+    else:
+        assert states[0].startswith("critic warmup: collect:   0%|") and " 0/6 [" in states[0], error
+        fit = next(state for state in states if state.startswith("critic warmup: fit"))
+        assert fit.startswith("critic warmup: fit:  33%|") and " 2/6 [" in fit, error
 
 
 def test_each_update_logs_its_linearly_decayed_entropy_bonus(tmp_path):

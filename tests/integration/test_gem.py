@@ -4,6 +4,7 @@ streams, and the games refused with their reason. (tests/integration/test_all_en
 and the state keys of every listed game, and of one in a worker process.)"""
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -37,6 +38,14 @@ def test_every_listed_game_has_a_short_action_list_and_a_goal(game):
     env.reset(0)
     assert 0 < len(env.actions) <= GAME_ACTION_LIMIT
     assert "{" not in env.instruction.mission and env.instruction.mission    # the goal's fields are filled in
+
+
+def test_sokobans_goal_names_every_symbol_of_its_board():
+    """GEM's board symbols (gem/envs/game_env/sokoban/sokoban.py, `_render_board`): wall, floor, target, box on a
+    target, box, player, player on a target."""
+    mission = envs.make("gem:Sokoban-v0-easy").instruction.mission
+    for symbol in ("#", "_", "O", "√", "X", "P", "S"):
+        assert re.search(rf"(?<![A-Za-z]){re.escape(symbol)}(?![A-Za-z])", mission), symbol      # a word alone
 
 
 def binary_search(env, seed):

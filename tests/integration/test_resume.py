@@ -72,11 +72,12 @@ def assert_same_run(run: Path, straight: Path, algorithm: str = "ppo") -> None:
 
 def assert_same_records(run: Path, other: Path) -> None:
     """The metrics records of two runs that trained alike are equal but for the clock, and for the engine's
-    log-prob gap to the learner (its last bits vary with the engine's threads) within 1e-5."""
+    log-prob gaps to the learner (their last bits vary with the engine's threads) within 1e-5."""
     ours, theirs = read_metrics(run / "metrics.jsonl"), read_metrics(other / "metrics.jsonl")
     assert [r["iteration"] for r in ours] == [r["iteration"] for r in theirs]
     for mine, their in zip(ours, theirs):
-        for engine_noise in ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_current"):
+        for engine_noise in ("rollout/logprob_abs_diff", "rollout/logprob_abs_diff_current", "rollout/sync_probe_gap",
+                             "rollout/sync_probe_floor"):
             assert mine.pop(engine_noise, None) == pytest.approx(their.pop(engine_noise, None), abs=1e-5)
         assert deterministic(mine) == deterministic(their)
 

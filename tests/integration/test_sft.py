@@ -4,6 +4,7 @@ import copy
 import json
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -337,3 +338,23 @@ def test_sft_logs_its_loss_every_tenth_of_the_run(goto_tiny, caplog):
     assert [line.split(":")[0] for line in lines] == [f"sft step {s}/25" for s in (2, 4, 6, 8, 10, 12, 14, 16, 18,
                                                                                    20, 22, 24, 25)]
     assert lines[-1].startswith(f"sft step 25/25: loss {losses[-1]:.4f}, ")
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_sft_command_shows_a_progress_bar_over_its_steps_unless_quiet(tmp_path, capsys, quiet):
+    """Before, `horizonrl sft` showed no bar (and took no --quiet): a real model's warm start sat silent for minutes
+    between its log lines. The bar, named after the run, counts the sft.steps optimizer steps to 3/3 and shows the
+    last loss, the one metrics.jsonl records for step 3; --quiet prints no bar."""
+    args = ["sft", "env.id=babyai/goto", "env.kwargs={}", "sft.episodes=2", "sft.steps=3", "sft.batch_size=2",
+            "name=goto-bar", f"output_dir={tmp_path}", *(["--quiet"] if quiet else [])]
+    assert main(args) == 0
+    error = capsys.readouterr().err
+    (run_dir,) = tmp_path.iterdir()
+    last_loss = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["sft/loss"]
+    if quiet:
+        assert "goto-bar" not in error and "%|" not in error, error
+    else:
+        states = [line for line in re.split(r"[\r\n]", error) if line.startswith("goto-bar:")]  # redrawn in place
+        final = states[-1]
+        assert final.startswith("goto-bar: 100%|") and " 3/3 [" in final, error
+        assert f"loss={last_loss:.4f}]" in final, error

@@ -90,3 +90,141 @@ def test_a_toy_run_sharing_prefixes_trains_as_one_that_does_not(tmp_path, adapte
     for key in ("train/actor/pg_loss", "train/actor/entropy", "train/actor/approx_kl", "train/critic/value_loss",
                 "train/critic/explained_variance"):
         assert shared[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+
+
+def tiny(config_class, attention="sdpa", **layout):
+    """A random 2-layer model of `config_class` (64-token vocabulary), fp32, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    config = config_class(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                          **layout)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attention).eval()
+
+
+def sliding_window_models():
+    from transformers import Gemma2Config, MistralConfig, Qwen2Config
+
+    return {"mistral": (MistralConfig, {"sliding_window": 16}),
+            "qwen2": (Qwen2Config, {"sliding_window": 16, "use_sliding_window": True, "max_window_layers": 0,
+                                    "layer_types": ["sliding_attention", "sliding_attention"]}),
+            "gemma2": (Gemma2Config, {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"],
+                                      "attention": "eager"})}
+
+
+@pytest.mark.parametrize("name", ["mistral", "qwen2", "gemma2"])
+def test_sliding_window_models_share_prefixes_exactly(name):
+    """Two groups whose prefixes (60 and 45 tokens) are longer than the 16-token window: a shorter prefix's
+    padding would shift the window (transformers masks it by cache index; max |shared - plain| was 0.84 on
+    Mistral); with every prefix cut to the shortest the hidden states and gradients are the plain forward's."""
+    config_class, layout = sliding_window_models()[name]
+    hidden_gap, grad_gap = check_equal_to_plain(tiny(config_class, **layout), 64)
+    assert hidden_gap <= 1e-5 and grad_gap <= 1e-5
+
+
+def test_a_layer_type_nobody_listed_is_refused_naming_it():
+    from transformers import Qwen2Config
+
+    from horizonrl.config import ConfigError
+
+    model = tiny(Qwen2Config, layer_types=["full_attention", "linear_attention"])
+    with pytest.raises(ConfigError, match="linear_attention.*optim.shared_prefix: false"):
+        share_prefixes(lm_body(model))
+
+
+def test_the_start_up_probe_stops_sharing_that_differs_from_the_plain_forward(river_tiny, monkeypatch, caplog):
+    """A two-pass forward that is off (its hidden states scaled by 1.01, as an attention variant the sharing
+    does not handle would be): the first micro-batch returns the plain forward's hidden states, the body stops
+    sharing, and the warning names the difference."""
+    from horizonrl.learner import shared_prefix
+
+    _, model = river_tiny
+    rows = rows_that_share(64)
+    input_ids, attention_mask = pad(rows, 0, torch.long, "cpu"), pad([[1] * len(r) for r in rows], 0, torch.long, "cpu")
+    body = lm_body(model)
+    plain = shared_prefix.plain_hidden(body, input_ids, attention_mask)
+    real = shared_prefix.grouped_hidden
+    monkeypatch.setattr(shared_prefix, "grouped_hidden", lambda *args: real(*args) * 1.01)
+    sharing = share_prefixes(body)
+    try:
+        with caplog.at_level("WARNING", logger="horizonrl.learner.shared_prefix"):
+            probed = body_hidden(body, input_ids, attention_mask)
+    finally:
+        stop_sharing(body)
+    assert torch.equal(probed, plain)
+    assert sharing.probe_gap == pytest.approx(0.01, rel=1e-3)
+    assert shared_prefix.SETTING not in vars(body)
+    assert "differs from the plain forward by 0.01" in caplog.text
+
+
+def test_a_healthy_probe_keeps_sharing(river_tiny):
+    _, model = river_tiny
+    rows = rows_that_share(64)
+    input_ids, attention_mask = pad(rows, 0, torch.long, "cpu"), pad([[1] * len(r) for r in rows], 0, torch.long, "cpu")
+    body = lm_body(model)
+    sharing = share_prefixes(body)
+    try:
+        body_hidden(body, input_ids, attention_mask)
+        assert sharing.probe_gap is not None and sharing.probe_gap < 1e-5
+        assert sharing.skipped == 2 * 60 + 45          # the 60-token prefix stands for 2 more rows, the 45 for 1
+    finally:
+        stop_sharing(body)
+
+
+@pytest.mark.parametrize("rows", [[[5], [7], [9]], [[5, 6, 7], [1]], [[3] * 40 + [4], [3] * 40 + [5], []]],
+                         ids=["one-token rows", "a one-token row", "an all-padding row"])
+def test_micro_batches_of_one_token_or_padding_rows_give_the_plain_forward(river_tiny, rows):
+    """Rows too short to share, or a row of padding only, beside others that share: two passes (or the plain
+    one) all the same, no error, the plain forward's hidden states on every real token."""
+    from horizonrl.learner.shared_prefix import Plan, plain_hidden, planned, two_passes
+
+    _, model = river_tiny
+    input_ids = pad([r or [0] for r in rows], 0, torch.long, "cpu")
+    attention_mask = pad([[1] * len(r) if r else [0] for r in rows], 0, torch.long, "cpu")
+    body = lm_body(model)
+    plain = plain_hidden(body, input_ids, attention_mask) * attention_mask[..., None]
+    lengths = [len(r) for r in rows]
+    share_prefixes(body, min_shared=1).probe_gap = 0.0
+    try:
+        with planned(Plan(lengths, two_passes(lengths, []), min_shared=1)):      # every row alone, in two passes
+            shared = body_hidden(body, input_ids, attention_mask) * attention_mask[..., None]
+    finally:
+        stop_sharing(body)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=0)
+
+
+class AnotherRankShares:
+    """The collectives of a rank whose peer's micro-batch shares a prefix: `max` says 1 (two passes) to this one."""
+
+    def max(self, value: int) -> int:
+        return max(value, 1)
+
+    def gather(self, obj) -> list:
+        return [obj, 0.0]
+
+
+@pytest.mark.parametrize("ranks", ["alone", "another rank shares"])
+def test_rows_that_share_nothing_run_the_plain_pass_unless_another_rank_shares(river_tiny, ranks):
+    """Rows with no common prefix: one plain pass of the body, or, where another rank's micro-batch shares (FSDP2's
+    ranks must run as many passes), this rank's rows alone in two passes; the plain forward's hidden states both
+    ways."""
+    from horizonrl.learner.distributed import LOCAL
+    from horizonrl.learner.shared_prefix import plain_hidden
+
+    _, model = river_tiny
+    g = torch.Generator().manual_seed(5)
+    rows = [torch.randint(3, 64, (n,), generator=g).tolist() for n in (40, 25, 33)]
+    input_ids, attention_mask = pad(rows, 0, torch.long, "cpu"), pad([[1] * len(r) for r in rows], 0, torch.long, "cpu")
+    body = lm_body(model)
+    plain = plain_hidden(body, input_ids, attention_mask) * attention_mask[..., None]
+    passes = []
+    hook = body.register_forward_pre_hook(lambda *_: passes.append(1))
+    share_prefixes(body, ranks=LOCAL if ranks == "alone" else AnotherRankShares()).probe_gap = 0.0
+    try:
+        shared = body_hidden(body, input_ids, attention_mask) * attention_mask[..., None]
+    finally:
+        hook.remove()
+        stop_sharing(body)
+    assert len(passes) == (1 if ranks == "alone" else 2)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=0)

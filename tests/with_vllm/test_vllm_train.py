@@ -17,6 +17,7 @@ from learning.test_toy_learns import TOY, pooled_success
 from horizonrl.cli import main
 from horizonrl.config import ConfigError, load_config
 from horizonrl.report.metrics import read_metrics
+from horizonrl.train import loop
 from horizonrl.train.loop import train
 
 
@@ -55,6 +56,27 @@ def test_toy_recipe_trains_asynchronously_with_vllm_rollouts(tmp_path):
         i = trajectory["iteration"]
         if i > 0:
             assert {turn["weights_version"] for turn in trajectory["turns"]} <= {max(i - 2, 0), i - 1}
+
+
+def test_a_vllm_engine_that_keeps_old_weights_stops_the_asynchronous_run_at_that_sync(tmp_path, monkeypatch, capsys):
+    """K = 1: from the second sync on the engine is sent the first sync's weights again (a stale sync: vLLM reloads,
+    the version moves on, the weights do not). The served-policy check stops the run at that sync, iteration 2,
+    though every batch trained was sampled ahead by older weights (train/sync_check.py)."""
+    merged, first = loop.merged_parameters, []
+
+    def stale(actor):
+        if not first:
+            first.extend((name, tensor.clone()) for name, tensor in merged(actor))
+        return first
+    monkeypatch.setattr(loop, "merged_parameters", stale)
+    assert main(["train", TOY, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "rollout.async_training.max_staleness=1",
+                 "actor.tis_cap=1.0", "iterations=6", "model.warm_start.iterations=1", "model.warm_start.steps=1",
+                 "critic.warmup_batches=1", "rollout.n_env=8", f"output_dir={tmp_path}", "--quiet"]) == 1
+    assert ("horizonrl: the vllm engine serves other weights than the learner sent it at weights version 2"
+            in capsys.readouterr().err)
+    records = read_metrics(next(tmp_path.iterdir()) / "metrics.jsonl")
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert records[1]["rollout/sync_probe_gap"] < 1e-5
 
 
 def test_vllm_may_not_sleep_while_rollouts_overlap_the_update():

@@ -48,6 +48,14 @@ class Generation:
     weights_version: int | None = None
 
 
+@dataclass(frozen=True)
+class ScoredRow:
+    """Token ids to score: `response_ids` after `prompt_ids` (both non-empty)."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+
 @runtime_checkable
 class Engine(Protocol):
     """What a collector samples from: HFEngine (a model), or a scripted teacher or test double."""
@@ -69,6 +77,13 @@ class TrainingEngine(Engine, Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def score(self, rows: list[ScoredRow]) -> list[list[float]]:
+        """For each row, the log-prob of each of its response tokens given the prompt and the response tokens
+        before it, under the weights the engine samples from now, at temperature 1 (the model's own softmax):
+        what the served-policy check (train/sync_check.py) compares with the learner's. Never while a weight
+        sync runs."""
+        ...
 
     def sleep(self) -> None:
         """Free what sampling holds (a colocated engine's weights and KV cache) for the update; the

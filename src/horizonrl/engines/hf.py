@@ -38,7 +38,8 @@ import torch
 from transformers import DynamicCache
 
 from horizonrl.engines import constrained, kv_cache
-from horizonrl.engines.base import Generation, RequestSeeds, SamplingParams, check_grammar, matches_stop_pattern, settle
+from horizonrl.engines.base import (Generation, RequestSeeds, SamplingParams, ScoredRow, check_grammar,
+                                    matches_stop_pattern, settle)
 from horizonrl.engines.decode_graph import CAPTURES, CaptureFailed, StaticDecode
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,25 @@ class HFEngine:
                 self.in_flight_at_sync = len(self._pending) + self._decoding
                 self.seeds.new_version()
 
+    def score(self, rows: list[ScoredRow]) -> list[list[float]]:
+        """As TrainingEngine.score: each row alone through the model the engine samples from (as its decode steps
+        run it: under its autocast), between two decode steps; logits only at the positions that predict the
+        response."""
+        scored = []
+        with self._weights, torch.no_grad(), self._autocast():
+            for row in rows:
+                ids = torch.tensor([row.prompt_ids + row.response_ids], device=self.device)
+                logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=len(row.response_ids) + 1).logits
+                logp = torch.log_softmax(logits[0, :-1].float(), dim=-1)
+                targets = torch.tensor(row.response_ids, device=self.device)
+                scored.append(logp.gather(-1, targets[:, None])[:, 0].tolist())
+        return scored
+
+    def _autocast(self):
+        """The autocast the engine runs its model under (none: the model's dtype)."""
+        return (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype
+                else contextlib.nullcontext())
+
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the weights version. Saved right after `sync_weights`, when no KV is
         kept and no request counted yet, this is all that decides what the engine samples next. (Saved
@@ -319,9 +339,7 @@ class HFEngine:
         attention = torch.cat([batch.attention, new_attention], dim=1)
         if logits is None:
             positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, -width:]
-            autocast = (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype
-                        else contextlib.nullcontext())
-            with autocast:
+            with self._autocast():
                 out = self.model(input_ids=input_ids, attention_mask=self._mask(attention, width),
                                  position_ids=positions, use_cache=True, logits_to_keep=1,
                                  **{self._cache_keyword: batch.cache})

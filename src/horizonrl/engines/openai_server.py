@@ -38,8 +38,8 @@ from pathlib import Path
 
 import httpx
 
-from horizonrl.engines.base import (Generation, RequestSeeds, SamplingParams, check_grammar, cut_at_stop_pattern,
-                                    finish_reason)
+from horizonrl.engines.base import (Generation, RequestSeeds, SamplingParams, ScoredRow, check_grammar,
+                                    cut_at_stop_pattern, finish_reason)
 from horizonrl.engines.retry import EngineError
 from horizonrl.engines.weights import write_untied
 
@@ -168,6 +168,22 @@ class OpenAIServerEngine:
         with self._lock:
             self.in_flight_at_sync = self._in_flight
             self.seeds.new_version()
+
+    def score(self, rows: list[ScoredRow]) -> list[list[float]]:
+        """As TrainingEngine.score: the server's prompt log-probs (vLLM's `prompt_logprobs`) of each row, prompt
+        and response sent as one prompt at temperature 1; EngineError from a server that returns none."""
+        scored = []
+        for row in rows:
+            body = {"model": self.model, "prompt": row.prompt_ids + row.response_ids, "max_tokens": 1,
+                    "temperature": 1.0, "prompt_logprobs": 0, "return_token_ids": True}
+            entries = self._call("POST", f"{self.base_url}/completions", body)["choices"][0].get("prompt_logprobs")
+            if not entries:
+                raise EngineError(f"the server at {self.base_url} returns no prompt log-probs (vLLM's prompt_logprobs): "
+                                  "the served-policy check scores rows with them (rollout.sync_check.max_growth: null "
+                                  "turns the check off)")
+            tail = entries[-len(row.response_ids):]
+            scored.append([entry[str(token)]["logprob"] for entry, token in zip(tail, row.response_ids)])
+        return scored
 
     def sleep(self) -> None:
         """Nothing to free here: the server holds its own memory."""

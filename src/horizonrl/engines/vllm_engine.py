@@ -45,8 +45,8 @@ from pathlib import Path
 import torch
 
 from horizonrl.config import ConfigError
-from horizonrl.engines.base import (Generation, RequestSeeds, SamplingParams, check_grammar, cut_at_stop_pattern,
-                                    finish_reason, settle)
+from horizonrl.engines.base import (Generation, RequestSeeds, SamplingParams, ScoredRow, check_grammar,
+                                    cut_at_stop_pattern, finish_reason, settle)
 from horizonrl.engines.retry import EngineError
 from horizonrl.engines.weights import remove_weights, write_untied
 
@@ -184,14 +184,41 @@ class VLLMEngine:
                 running.clear()
                 continue
             for output in outputs:
-                if output.finished:
-                    with self._lock:
-                        future, version = running.pop(output.request_id)
-                    try:
-                        outcome = _generation(output, version)
-                    except RuntimeError as error:   # a response that is not whole fails its own request
-                        outcome = error
-                    settle(future, outcome)
+                self._settle(output)
+
+    def _settle(self, output) -> None:
+        """Resolve the future of a request that `output` says has ended (nothing while it runs)."""
+        if not output.finished:
+            return
+        with self._lock:
+            future, version = self._running.pop(output.request_id)
+        try:
+            outcome = _generation(output, version)
+        except RuntimeError as error:   # a response that is not whole fails its own request
+            outcome = error
+        settle(future, outcome)
+
+    def score(self, rows: list[ScoredRow]) -> list[list[float]]:
+        """As TrainingEngine.score: vLLM's prompt log-probs of each row (prompt and response as one prompt, the
+        one token sampled after it dropped), at temperature 1. The engine is stepped here while the worker thread
+        waits (`_stepping`); the worker's requests that these steps end are settled as the worker settles them."""
+        engine = self.llm.llm_engine
+        sampling = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False,
+                                             output_kind=self._vllm.sampling_params.RequestOutputKind.FINAL_ONLY)
+        rows_by_id = {f"score-{next(self._ids)}": row for row in rows}
+        scored = {}
+        with self._stepping:
+            for request_id, row in rows_by_id.items():
+                engine.add_request(request_id, {"prompt_token_ids": row.prompt_ids + row.response_ids}, sampling)
+            while len(scored) < len(rows_by_id):
+                for output in engine.step():
+                    if output.request_id not in rows_by_id:
+                        self._settle(output)
+                    elif output.finished:
+                        scored[output.request_id] = output.prompt_logprobs
+        return [[entry[token].logprob for entry, token in zip(scored[request_id][-len(row.response_ids):],
+                                                               row.response_ids)]
+                for request_id, row in rows_by_id.items()]
 
     def sync_weights(self, model, tensors=None) -> None:
         """Sample from `model`'s weights from now on: every tensor of its state dict (tied ones under

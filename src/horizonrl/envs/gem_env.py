@@ -55,8 +55,8 @@ GOALS = {
                    "tiles that meet merge",
     "FifteenPuzzleEnv": "order the tiles from 1 upwards with the empty space (__) in the bottom-right corner, within "
                         "{max_turns} moves; a move slides the tile next to the empty space into it",
-    "SokobanEnv": "push every box (X) onto a target (O) within {max_turns} moves: P is you, # a wall, a box on a "
-                  "target shows as √, floor as _",
+    "SokobanEnv": "push every box (X) onto a target (O) within {max_turns} moves: P is you (S when you stand on a "
+                  "target), # a wall, a box on a target shows as √, floor as _",
 }
 
 

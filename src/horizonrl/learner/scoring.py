@@ -19,7 +19,8 @@ from horizonrl.learner.chunked_logits import LOGIT_CHUNK_TOKENS, chunked_logp_en
 from horizonrl.learner.device import autocast, autocast_dtype
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.lora import AdaptersOff, adapters_disabled, lm_body
-from horizonrl.learner.shared_prefix import MIN_SHARED_TOKENS, body_hidden, in_token_order
+from horizonrl.learner.shared_prefix import (MIN_SHARED_TOKENS, Plan, body_hidden, in_token_order, plan, planned,
+                                             shared_with_previous)
 from horizonrl.samples.tensors import pad
 
 
@@ -85,39 +86,78 @@ def _scatter(values: Tensor, predicts: Tensor) -> Tensor:
     return out
 
 
-def pack_rows(lengths: list[int], budget: MicroBatchBudget, shared: list[int] | None = None) -> list[list[int]]:
+def pack_rows(lengths: list[int], budget: MicroBatchBudget) -> list[list[int]]:
     """Positions 0..n-1 of `lengths` grouped into micro-batches, each position exactly once.
 
     Rows budget: consecutive runs of `budget.rows` positions. Token budget: positions sorted longest
     first and packed greedily while len(group) * longest(group) <= budget.tokens, so a micro-batch is
     padded only up to its own longest row; a row longer than the budget is a micro-batch alone.
-    With `budget.shared_prefix` the positions are packed in their order (the caller's: by their tokens) and
-    `shared[i]` is the prefix position i shares with position i - 1 (learner/shared_prefix.in_token_order):
-    a group whose rows share a prefix P of at least MIN_SHARED_TOKENS counts it once,
-    P + len(group) * (longest(group) - P).
     """
     if budget.tokens is None:
         return [list(range(begin, min(begin + budget.rows, len(lengths))))
                 for begin in range(0, len(lengths), budget.rows)]
-    if not budget.shared_prefix:
-        order, shared = sorted(range(len(lengths)), key=lambda i: -lengths[i]), [0] * len(lengths)
-    else:
-        order, shared = range(len(lengths)), shared or [0] * len(lengths)
     groups: list[list[int]] = []
-    for position in order:
-        if groups and packed_tokens(groups[-1] + [position], lengths, shared) <= budget.tokens:
+    for position in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= budget.tokens:
             groups[-1].append(position)
         else:
             groups.append([position])
     return groups
 
 
-def packed_tokens(group: list[int], lengths: list[int], shared: list[int]) -> int:
-    """The tokens a micro-batch of consecutive positions `group` computes (see pack_rows)."""
+def pack_shared_rows(tokens: list[list[int]], budget: MicroBatchBudget) -> list[tuple[list[int], Plan]]:
+    """Positions 0..n-1 of `tokens` (rows in token order: learner/shared_prefix.in_token_order) in micro-batches
+    of consecutive positions, each with the Plan its forward runs (learner/shared_prefix.plan, made here once).
+
+    Rows budget: runs of `budget.rows` positions. Token budget: packed greedily while the estimate of
+    `shared_estimate` fits, then every micro-batch whose Plan computes more slots than `budget.tokens` (its
+    grouping is not the estimate's one group) is halved until its Plan fits: the budget is a bound. A row longer
+    than the budget is a micro-batch alone."""
+    def with_plan(group: list[int]) -> tuple[list[int], Plan]:
+        return group, plan([tokens[i] for i in group], MIN_SHARED_TOKENS, budget.window)
+
+    if budget.tokens is None:
+        return [with_plan(list(range(begin, min(begin + budget.rows, len(tokens)))))
+                for begin in range(0, len(tokens), budget.rows)]
+    lengths, shared = list(map(len, tokens)), shared_with_previous(tokens)
+    greedy: list[list[int]] = []
+    for position in range(len(tokens)):
+        if greedy and shared_estimate(greedy[-1] + [position], lengths, shared) <= budget.tokens:
+            greedy[-1].append(position)
+        else:
+            greedy.append([position])
+    packed, pending = [], [with_plan(group) for group in reversed(greedy)]
+    while pending:
+        group, micro_batch = pending.pop()
+        if micro_batch.slots() <= budget.tokens or len(group) == 1:
+            packed.append((group, micro_batch))
+        else:
+            half = len(group) // 2
+            pending += [with_plan(group[half:]), with_plan(group[:half])]
+    return packed
+
+
+def shared_estimate(group: list[int], lengths: list[int], shared: list[int]) -> int:
+    """The token slots of consecutive positions `group` as one group whose rows share a prefix P of at least
+    MIN_SHARED_TOKENS (the least `shared[i]` of neighbours, shared_with_previous): P + len(group) x
+    (longest(group) - P); else len(group) x longest(group)."""
     longest = max(lengths[i] for i in group)
     prefix = min((shared[i] for i in group[1:]), default=0)
     prefix = prefix if prefix >= MIN_SHARED_TOKENS else 0
     return prefix + len(group) * (longest - prefix)
+
+
+def micro_batches(data: dict[str, Tensor], rows, budget: MicroBatchBudget) -> list[tuple[list[int], Plan]]:
+    """`rows` (positions in data's [R, T] tensors) in micro-batches within `budget`, each with the Plan its forward
+    runs: pack_rows and the plain pass (a Plan of no sharing), or, with optim.shared_prefix, pack_shared_rows over
+    the rows in token order (rows that share a prefix next to each other)."""
+    rows = list(rows)
+    if not budget.shared_prefix:
+        lengths = data["attention_mask"][rows].sum(dim=1).tolist()
+        return [([rows[i] for i in group], Plan([lengths[i] for i in group], [], min_shared=None))
+                for group in pack_rows(lengths, budget)]
+    order, tokens = in_token_order(data, rows)
+    return [([order[i] for i in group], micro_batch) for group, micro_batch in pack_shared_rows(tokens, budget)]
 
 
 def select_rows(data: dict[str, Tensor], rows: list[int]) -> dict[str, Tensor]:
@@ -137,9 +177,9 @@ def empty_micro_batch(data: dict[str, Tensor]) -> dict[str, Tensor]:
     return mb
 
 
-def padded_groups(groups: list, ranks: Ranks) -> list:
-    """`groups` followed by None up to the most groups any rank has (see empty_micro_batch)."""
-    return groups + [None] * (ranks.max(len(groups)) - len(groups))
+def padded_groups(groups: list, ranks: Ranks, empty=None) -> list:
+    """`groups` followed by `empty` up to the most groups any rank has (see empty_micro_batch)."""
+    return groups + [empty] * (ranks.max(len(groups)) - len(groups))
 
 
 @torch.no_grad()
@@ -156,21 +196,19 @@ def score(data: dict[str, Tensor], budget: MicroBatchBudget, temperature: float 
             out[key] = torch.zeros(data["input_ids"].shape, dtype=value.dtype, device=value.device)
         out[key][rows, :value.shape[1]] = value
 
-    every_row = range(data["input_ids"].shape[0])
-    order, shared = in_token_order(data, every_row) if budget.shared_prefix else (list(every_row), None)
-    lengths = data["attention_mask"][order].sum(dim=1).tolist()
-    packed = [[order[i] for i in group] for group in pack_rows(lengths, budget, shared)]
-    for rows in padded_groups(packed, ranks):
+    for rows, micro_batch in padded_groups(micro_batches(data, range(data["input_ids"].shape[0]), budget), ranks,
+                                           (None, None)):
         mb = select_rows(data, rows) if rows is not None else empty_micro_batch(data)
         args = (mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
-        if actor is not None:
-            logp, entropy = token_logprobs(actor, *args, temperature=temperature)
-            keep("logp_old", rows, logp)
-            keep("entropy", rows, entropy)
-        if reference is not None:
-            keep("logp_ref", rows, token_logprobs(reference, *args, temperature=temperature)[0])
-        if critic is not None:
-            keep("values_old", rows, token_values(critic, *args))
+        with planned(micro_batch):
+            if actor is not None:
+                logp, entropy = token_logprobs(actor, *args, temperature=temperature)
+                keep("logp_old", rows, logp)
+                keep("entropy", rows, entropy)
+            if reference is not None:
+                keep("logp_ref", rows, token_logprobs(reference, *args, temperature=temperature)[0])
+            if critic is not None:
+                keep("values_old", rows, token_values(critic, *args))
     return out
 
 

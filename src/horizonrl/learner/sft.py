@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
+from tqdm import tqdm
 
 from horizonrl.algos.losses import aggregate
 from horizonrl.learner.scoring import select_rows, token_logprobs
@@ -20,11 +21,13 @@ log = logging.getLogger(__name__)
 
 def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batch_size: int, lr: float,
                         seed: int = 0, grad_clip: float = 1.0, check: Callable[[], None] = lambda: None,
-                        lr_decay: Literal["constant", "cosine"] = "constant") -> list[float]:
+                        lr_decay: Literal["constant", "cosine"] = "constant", progress: bool = False,
+                        desc: str = "sft") -> list[float]:
     """AdamW on  -sum(mask * log p(token)) / sum(mask)  over random mini-batches of the rows whose mask is not
     all zero, at the learning rate lr x sft_lr_factor(lr_decay, ...), `check()` before every step (it may raise
     to stop: the model is then left as the steps so far made it). The loss and the time so far are logged every
-    tenth of the steps and at the last: a real model's warm start takes minutes.
+    tenth of the steps and at the last: a real model's warm start takes minutes. With `progress`, a tqdm bar
+    named `desc` on stderr counts the optimizer steps (with its ETA) and shows the last step's loss.
 
     Returns the loss of every step. A batch with no such rows is a ValueError (there is nothing to learn from).
     """
@@ -40,20 +43,23 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
     n_rows = len(learnable)
     losses = []
     start, log_every = time.monotonic(), max(1, steps // 10)
-    for step in range(1, steps + 1):
-        check()
-        rows = [learnable[i] for i in torch.randint(n_rows, (min(batch_size, n_rows),), generator=generator).tolist()]
-        mb = select_rows(data, rows)
-        logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
-        loss = -aggregate(logp, mb["loss_mask"], "token-mean")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        optimizer.step()
-        schedule.step()
-        losses.append(loss.item())
-        if step % log_every == 0 or step == steps:
-            log.info("sft step %d/%d: loss %.4f, %.0f s", step, steps, losses[-1], time.monotonic() - start)
+    with tqdm(range(1, steps + 1), desc=desc, unit="step", disable=not progress, dynamic_ncols=True) as bar:
+        for step in bar:
+            check()
+            rows = [learnable[i] for i in torch.randint(n_rows, (min(batch_size, n_rows),),
+                                                        generator=generator).tolist()]
+            mb = select_rows(data, rows)
+            logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
+            loss = -aggregate(logp, mb["loss_mask"], "token-mean")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            optimizer.step()
+            schedule.step()
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
+            if step % log_every == 0 or step == steps:
+                log.info("sft step %d/%d: loss %.4f, %.0f s", step, steps, losses[-1], time.monotonic() - start)
     return losses
 
 

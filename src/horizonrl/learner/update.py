@@ -28,9 +28,9 @@ from horizonrl.algos.losses import (aggregate, approx_kl, first_token_weights, p
                                     value_loss)
 from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.distributed import LOCAL, Ranks, clip_grad_norm
-from horizonrl.learner.scoring import (empty_micro_batch, pack_rows, padded_groups, select_rows, token_logprobs,
+from horizonrl.learner.scoring import (empty_micro_batch, micro_batches, padded_groups, select_rows, token_logprobs,
                                        token_values)
-from horizonrl.learner.shared_prefix import in_token_order
+from horizonrl.learner.shared_prefix import Plan, planned
 
 log = logging.getLogger(__name__)
 
@@ -75,17 +75,20 @@ def is_out_of_memory(error: BaseException) -> bool:
                                                          and "out of memory" in str(error))
 
 
-def accumulate_gradients(optimizer, batches: Iterable[dict[str, Tensor] | None], loss_fn: LossFn,
-                         num_tokens: float, num_seqs: float, data: dict[str, Tensor]) -> tuple[float, Stats]:
+def accumulate_gradients(optimizer, batches: Iterable[tuple[dict[str, Tensor] | None, Plan | None]],
+                         loss_fn: LossFn, num_tokens: float, num_seqs: float,
+                         data: dict[str, Tensor]) -> tuple[float, Stats]:
     """Zero the gradients, then backward every micro-batch's loss (None: an empty micro-batch of
-    `data`'s keys, whose loss counts zero); returns the summed loss and the loss function's statistics.
+    `data`'s keys, whose loss counts zero), its forward run as its Plan says (None: the empty one's own);
+    returns the summed loss and the loss function's statistics.
     Losses and statistics stay on the device until the last micro-batch and cross to the host in one
     transfer: a GPU never waits for the host inside the loop."""
     optimizer.zero_grad(set_to_none=True)
     losses, parts_of = [], defaultdict(list)
-    for mb in batches:
+    for mb, micro_batch in batches:
         empty = mb is None
-        loss, parts = loss_fn(empty_micro_batch(data) if empty else mb, num_tokens, num_seqs)
+        with planned(micro_batch):
+            loss, parts = loss_fn(empty_micro_batch(data) if empty else mb, num_tokens, num_seqs)
         if empty:
             loss = loss * 0.0
         loss.backward()
@@ -107,23 +110,19 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
                    stats: Stats, ranks: Ranks = LOCAL) -> MicroBatchBudget:
     """One optimizer step over the mini-batch `rows` of `data`, in micro-batches within `budget`.
 
-    `padding_share` (of the tokens the micro-batches compute, the padding: each micro-batch is as wide as its
-    longest row) tells how well they are packed.
+    `padding_share` (of the token slots the micro-batches compute, the padding: each micro-batch is as wide as its
+    longest row, or, sharing prefixes, as its Plan's two passes) tells how well they are packed.
     Out of memory in a micro-batch: the step starts again from zero gradients with the budget halved
     (counted in `oom_retries`); out of memory again is an error, and so is the first one across ranks
     (the other ranks would wait in a collective). Skips (and counts in `skipped_updates`) the step
     when the loss or the gradient norm is not finite. Returns the budget the step ran with.
     """
-    shared = None
-    if budget.shared_prefix:      # rows that share a prefix next to each other, then in the same micro-batches
-        rows, shared = in_token_order(data, rows)
-    lengths = data["attention_mask"][rows].sum(dim=1).tolist()
     for retry in (False, True):
         try:
-            packed = pack_rows(lengths, budget, shared)
-            groups = padded_groups([[rows[i] for i in group] for group in packed], ranks)
+            packed = micro_batches(data, rows, budget)
             loss_total, step_stats = accumulate_gradients(
-                optimizer, (select_rows(data, group) if group is not None else None for group in groups),
+                optimizer, ((select_rows(data, group) if group is not None else None, micro_batch)
+                            for group, micro_batch in padded_groups(packed, ranks, (None, None))),
                 loss_fn, num_tokens, num_seqs, data)
             break
         except RuntimeError as error:
@@ -137,8 +136,8 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
         halved = budget.halved()
         log.warning("out of memory in a micro-batch with %s: retrying the step with %s", budget, halved)
         budget = halved
-    computed = sum(len(group) * max(lengths[i] for i in group) for group in packed)   # each as wide as its longest
-    step_stats.add("padding_share", computed - sum(lengths), computed)
+    slots = sum(micro_batch.slots() for _, micro_batch in packed)
+    step_stats.add("padding_share", slots - sum(micro_batch.computed() for _, micro_batch in packed), slots)
     stats.merge(step_stats.summed(ranks))
     stats.add("oom_retries", float(retry), 0.0)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -194,8 +193,8 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
     `rollout/logprob_abs_diff` = |logp_old - logp_engine| (and, with `tis_cap`, the mean TIS weight and
     the fraction of tokens over the cap, truncated or masked), when there is a logp_engine; with
     `sampled_by_current`, the share of tokens the weights being trained sampled and their own gap,
-    `rollout/logprob_abs_diff_current` (float rounding only, where the engine holds those weights:
-    train/sync_check.py reads it)."""
+    `rollout/logprob_abs_diff_current` (float rounding only, where the engine holds those weights; the
+    served-policy check, train/sync_check.py, scores probe rows of its own instead, at every staleness)."""
     def loss_fn(mb, num_tokens, num_seqs):
         mask = mb["loss_mask"]
         logp, entropy = token_logprobs(actor, mb["input_ids"], mb["attention_mask"], mask, temperature)

@@ -12,7 +12,8 @@ exactly where the run was (`TrainingState`), written by every rank of a torchrun
     training_state.safetensors   each rank's RNG states ("rank<r>/rng/torch", ".../rng/cuda/<device>",
                                  ".../rng/shuffle")
     training_state.json          iteration, world size, the engine's weights version, each rank's
-                                 collector state (env streams) and python and numpy RNG states
+                                 collector state (env streams), served-policy check (probe rows, floor:
+                                 train/sync_check.py) and python and numpy RNG states
 The reference policy is not saved: it is the run's initial policy, reloaded from `init/` (tiny
 model) or from `model.path`, which must still hold the weights the run started from; a resumed run
 loads it, then the checkpoint's weights over it. `horizonrl export` turns a checkpoint into a model
@@ -54,6 +55,7 @@ from horizonrl.learner.lora import adapter_state, is_peft, merged_parameters, sa
 from horizonrl.report.trajectories import TRAJECTORIES
 from horizonrl.rollout.collector import Collector
 from horizonrl.train.budget import Progress
+from horizonrl.train.sync_check import SyncCheck
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = "checkpoints"
@@ -175,6 +177,7 @@ class TrainingState:
     shuffle: torch.Generator
     engine: TrainingEngine
     collector: Collector
+    sync_check: SyncCheck
     critic: torch.nn.Module | None = None
     critic_opt: torch.optim.Optimizer | None = None
     ranks: Ranks = LOCAL
@@ -243,6 +246,8 @@ class TrainingState:
         for key, value in tensors.items():
             if key.startswith(f"rank{rank}/rng/cuda/"):
                 torch.cuda.set_rng_state(value, int(key.rpartition("/")[2]))
+        if "sync_check" in saved[rank]:     # a checkpoint written before it kept the check's rows measures afresh
+            self.sync_check.load_state_dict(saved[rank]["sync_check"])
         py_version, py_state, py_gauss = saved[rank]["python_random"]
         random.setstate((py_version, tuple(py_state), py_gauss))
         np_name, np_keys, np_pos, np_has_gauss, np_gauss = saved[rank]["numpy_random"]
@@ -271,13 +276,15 @@ class TrainingState:
         return state
 
     def _rank_state(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """This rank's RNG tensors, and its collector and python/numpy RNG states (JSON-able)."""
+        """This rank's RNG tensors, and its collector's, served-policy check's and python/numpy RNG states
+        (JSON-able)."""
         tensors = {"rng/torch": torch.get_rng_state(), "rng/shuffle": self.shuffle.get_state()}
         if torch.cuda.is_initialized():   # else no CUDA generator has drawn yet
             tensors.update({f"rng/cuda/{i}": s for i, s in enumerate(torch.cuda.get_rng_state_all())})
         py_version, py_state, py_gauss = random.getstate()
         np_name, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
-        meta = {"collector": self.collector.state_dict(), "python_random": [py_version, list(py_state), py_gauss],
+        meta = {"collector": self.collector.state_dict(), "sync_check": self.sync_check.state_dict(),
+                "python_random": [py_version, list(py_state), py_gauss],
                 "numpy_random": [np_name, np_keys.tolist(), np_pos, np_has_gauss, np_gauss]}
         return tensors, meta
 

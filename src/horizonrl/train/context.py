@@ -50,6 +50,7 @@ from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, 
                                         save_checkpoint)
 from horizonrl.train.collectors import make_collector
 from horizonrl.train.producer_process import ProducerProcess
+from horizonrl.train.sync_check import SyncCheck, served_by
 from horizonrl.train.tasks import build_tiny_for_task, task_warm_start
 from horizonrl.train.warm_start import build_tiny_for_envs, format_warm_start
 
@@ -63,7 +64,8 @@ class RunContext:
     `ranks`: this process among the run's processes (torchrun); `metrics` is None except on rank 0.
     `micro_batch_budget`: what one forward/backward pass of the learner may hold (`micro_batch_budget`).
     `splits_explained`: the run was told why its merged rows split (train/loop.py explain_splits).
-    `sharing`: with optim.shared_prefix, each network body's prefix sharing and its counts."""
+    `sharing`: with optim.shared_prefix, each network body's prefix sharing and its counts.
+    `sync_check`: the served-policy check after each weight sync (train/sync_check.py)."""
 
     cfg: TrainConfig
     run_dir: Path
@@ -73,6 +75,7 @@ class RunContext:
     reference: PreTrainedModel | AdaptersOff
     actor_opt: torch.optim.Optimizer
     engine: TrainingEngine
+    sync_check: SyncCheck
     collector: Collector
     metrics: MetricsSinks | None
     checkpointer: Checkpointer
@@ -132,7 +135,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         if cfg.rollout.async_training.max_staleness:   # an hf engine samples from a copy of its own
             collector = Producer(collector, cfg.rollout.async_training.max_staleness,
                                  lambda: engine.state_dict()["weights_version"], lambda: engine.in_flight_at_sync)
-    sharing = [share_prefixes(network.backbone if isinstance(network, ValueModel) else lm_body(network))
+    sharing = [share_prefixes(network.backbone if isinstance(network, ValueModel) else lm_body(network), ranks=ranks)
                for network in (actor, critic, reference)
                if cfg.optim.shared_prefix and network is not None and not isinstance(network, AdaptersOff)]
     critic_opt = critic_loss = None
@@ -141,7 +144,9 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         critic_opt = adamw(trainable(critic), cfg.critic.lr, cfg.optim.weight_decay)
         critic_loss = critic_loss_fn(critic, cfg.critic.value_clip, cfg.critic.first_token_weight)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, critic, critic_opt, ranks)
+    sync_check = SyncCheck(served_by(cfg), **cfg.rollout.sync_check.model_dump(), ranks=ranks)
+    state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, sync_check, critic, critic_opt,
+                          ranks)
     if resume is not None:
         first_iteration = state.restore(resume.folder) + 1
     else:
@@ -149,16 +154,19 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         first_iteration = 0 if warmup else 1
     metrics = MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json"), first_iteration) \
         if ranks.is_main else None
-    return RunContext(cfg, run_dir, device, tokenizer, actor, reference, actor_opt, engine, collector,
+    return RunContext(cfg, run_dir, device, tokenizer, actor, reference, actor_opt, engine, sync_check, collector,
                       metrics, Checkpointer(run_dir, state, cfg, signals), shuffle,
-                      micro_batch_budget(cfg, device, ranks.world_size), first_iteration,
+                      micro_batch_budget(cfg, device, ranks.world_size, sharing[0].window if sharing else None),
+                      first_iteration,
                       critic, critic_opt, critic_loss, ranks, sharing=sharing)
 
 
-def micro_batch_budget(cfg: TrainConfig, device: torch.device, gpus: int) -> MicroBatchBudget:
+def micro_batch_budget(cfg: TrainConfig, device: torch.device, gpus: int, window: int | None = None
+                       ) -> MicroBatchBudget:
     """optim's micro-batches: micro_batch_size rows, or a token budget. max_tokens_per_micro_batch=auto is, on
     CUDA, the largest budget the planner says fits this GPU's memory (`plan.with_auto_budget`, logged), and on a
-    CPU none (micro_batch_size rows: the budget of before, and a CPU run's memory is not the planner's)."""
+    CPU none (micro_batch_size rows: the budget of before, and a CPU run's memory is not the planner's).
+    `window`: the attention window of the bodies that share prefixes (learner/shared_prefix.attention_window)."""
     tokens = cfg.optim.max_tokens_per_micro_batch
     if tokens == "auto":
         tokens = None
@@ -167,7 +175,7 @@ def micro_batch_budget(cfg: TrainConfig, device: torch.device, gpus: int) -> Mic
             tokens = auto_token_budget(cfg, gpus, gpu_bytes)
             log.info("micro-batches of at most %d tokens (optim.max_tokens_per_micro_batch=auto: the largest budget "
                      "`horizonrl plan` fits in %.1f GiB on %d GPU%s)", tokens, gpu_bytes / GIB, gpus, "s" * (gpus > 1))
-    return MicroBatchBudget(cfg.optim.micro_batch_size, tokens, cfg.optim.shared_prefix)
+    return MicroBatchBudget(cfg.optim.micro_batch_size, tokens, cfg.optim.shared_prefix, window)
 
 
 def local_networks(cfg: TrainConfig, actor: PreTrainedModel, device: torch.device

@@ -54,7 +54,7 @@ from horizonrl.train.checkpoint import (StopSignals, TrainingStopped, complete_c
 from horizonrl.train.collectors import run_envs
 from horizonrl.train.context import RunContext, start_run
 from horizonrl.train.producer_process import ProducerProcess
-from horizonrl.train.sync_check import EngineOutOfSync, SyncCheck
+from horizonrl.train.sync_check import EngineOutOfSync
 from horizonrl.train.validation import Validation
 from horizonrl.train.warmup import critic_warmup
 
@@ -128,17 +128,16 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
     rollouts all failed raises RolloutsFailed, naming the iteration and what the run folder keeps."""
     cfg = ctx.cfg
     iterate = ppo_iteration if cfg.algorithm == "ppo" else group_iteration
-    sync_check = SyncCheck(served_by(cfg), **cfg.rollout.sync_check.model_dump())
     validation = Validation(cfg, ctx.run_dir, ctx.first_iteration) if cfg.validation is not None else None
+    if validation is not None and ctx.first_iteration == 1:     # no iteration 0 (critic warmup) validates the start
+        validation.run(0, ctx.actor, ctx.tokenizer, ctx.device)
     bar = tqdm(range(ctx.first_iteration, cfg.iterations + 1), desc=cfg.name, disable=not progress,
                dynamic_ncols=True)
     for i in bar:
         try:
-            record = critic_warmup_iteration(ctx) if i == 0 else iterate(ctx, i)
+            record = critic_warmup_iteration(ctx, progress) if i == 0 else iterate(ctx, i)
         except RolloutsFailed as failed:
             raise RolloutsFailed(f"iteration {i}: {failed}\n{what_is_kept(ctx)}") from None
-        try:
-            sync_check.check(record)
         except EngineOutOfSync as out_of_sync:
             raise EngineOutOfSync(f"{out_of_sync}\n{what_is_kept(ctx)}") from None
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
@@ -147,13 +146,6 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
             validation.run(i, ctx.actor, ctx.tokenizer, ctx.device)
         if budget_spent:
             break
-
-
-def served_by(cfg: TrainConfig) -> str:
-    """The engine that samples the rollouts, as the errors about it name it."""
-    if cfg.rollout.engine == "openai":
-        return f"the openai engine at {cfg.rollout.openai.base_url}"
-    return f"the {cfg.rollout.engine} engine"
 
 
 def what_is_kept(ctx: RunContext) -> str:
@@ -170,6 +162,7 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
     cfg, optim = ctx.cfg, ctx.cfg.optim
     clock = Stopwatch()
     episodes = collect_turns(ctx)                               # n_env streams x e_len turns
+    ctx.sync_check.start(episodes, ctx.engine, ctx.actor)       # the first batch: probe rows, gap on equal weights
     ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
     batch = score(ctx, episodes, ctx.critic)                    # values_old (+ logp_old, logp_ref) per token
@@ -179,10 +172,10 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
     minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
                       [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, critic_stats),
                        (ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
-    sync_engine(ctx)
+    probe = sync_engine(ctx)
     clock.lap("update")
     return log_iteration(ctx, i, "ppo", episodes, batch, clock.laps,
-                         {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"),
+                         {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"), **probe,
                           "train/actor/entropy_coef": ctx.entropy_coef(i)})
 
 
@@ -195,9 +188,10 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     cfg, optim = ctx.cfg, ctx.cfg.optim
     clock = Stopwatch()
     episodes = ctx.collector.collect()                         # n_tasks x group_size whole episodes
+    kept = kept_episodes(episodes, ctx.ranks)                  # a batch with none to train on is an error
+    ctx.sync_check.start(kept, ctx.engine, ctx.actor)           # the first batch: probe rows, gap on equal weights
     ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
-    kept = kept_episodes(episodes, ctx.ranks)                  # a batch with none to train on is an error
     batch = score(ctx, kept, critic=None)                       # logp_old, logp_ref per token where read
     if cfg.algorithm == "gigpo":                                # + step advantage from turns in the same state
         step_stats = gigpo_advantages_to_tokens(batch, cfg.gigpo, ctx.ranks)
@@ -208,28 +202,33 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     actor_stats = Stats()
     minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
                       [(ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
-    sync_engine(ctx)
+    probe = sync_engine(ctx)
     clock.lap("update")
     outcome_sum, n_kept = ctx.ranks.sum([sum(e.outcome_reward for e in kept), len(kept)])
     outcome = outcome_sum / max(n_kept, 1)
     return log_iteration(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
                          {**actor_stats.means("train/actor/"), "train/actor/entropy_coef": ctx.entropy_coef(i),
-                          "train/outcome_reward_mean": outcome, **step_stats})
+                          "train/outcome_reward_mean": outcome, **step_stats, **probe})
 
 
-def critic_warmup_iteration(ctx: RunContext) -> dict:
+def critic_warmup_iteration(ctx: RunContext, progress: bool = False) -> dict:
     """Iteration 0 of ppo: `critic.warmup_batches` batches collected with the initial policy, then the
     critic alone fitted to them (train/warmup.py); returns the metrics record. A stop signal ends it between
-    two batches, before the first checkpoint (StoppedBeforeCheckpoint)."""
+    two batches, before the first checkpoint (StoppedBeforeCheckpoint). `progress`: a second bar, under the
+    run's (which stays at 0 meanwhile), counts the batches collected, then those fitted (warmup_iters passes)."""
     clock = Stopwatch()
     batches, errors = [], 0
-    signals = ctx.checkpointer.signals
-    with signals.within("the critic warmup", ctx.run_dir, ctx.ranks):
-        for _ in range(ctx.cfg.critic.warmup_batches):
+    signals, critic = ctx.checkpointer.signals, ctx.cfg.critic
+    with signals.within("the critic warmup", ctx.run_dir, ctx.ranks), \
+            tqdm(total=critic.warmup_batches * (1 + critic.warmup_iters), desc="critic warmup: collect",
+                 unit="batch", disable=not progress, position=1, leave=False, dynamic_ncols=True) as bar:
+        for _ in range(critic.warmup_batches):
             signals.check()
             batches.append(score(ctx, collect_turns(ctx), critic=None, updates_actor=False))  # values: critic_warmup
             errors += len(ctx.collector.errors)
-        stats = critic_warmup(ctx, batches)
+            bar.update()
+        bar.set_description("critic warmup: fit")
+        stats = critic_warmup(ctx, batches, fitted=bar.update)
     clock.lap("warmup")
     record = {"iteration": 0, "phase": "critic_warmup", "env/errors": int(ctx.ranks.sum([errors])[0]),
               **episode_metrics([e for b in batches for e in b.episodes], ctx.ranks), **stats, **clock.laps}
@@ -271,10 +270,12 @@ def needed_scores(cfg: TrainConfig, n_rows: int | None, ranks: Ranks = LOCAL) ->
     return kl_in_reward or not one_step, kl_in_reward or cfg.actor.kl_loss_coef > 0
 
 
-def sync_engine(ctx: RunContext) -> None:
+def sync_engine(ctx: RunContext) -> dict[str, float]:
     """The engine samples from the updated actor: its own module, or a copy refreshed one whole
-    tensor at a time from the actor's shards (every rank gathers, in the same order)."""
+    tensor at a time from the actor's shards (every rank gathers, in the same order). Returns the served-policy
+    check's metrics (train/sync_check.py: EngineOutOfSync when the engine did not take the weights)."""
     ctx.engine.sync_weights(ctx.actor, merged_parameters(ctx.actor))
+    return ctx.sync_check.after_sync(ctx.engine, ctx.actor)
 
 
 def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], batch: PPOBatch,

@@ -43,6 +43,7 @@ from transformers import PreTrainedTokenizerBase
 
 from horizonrl import envs as env_registry
 from horizonrl.config import TrainConfig
+from horizonrl.engines.base import ScoredRow
 from horizonrl.engines.hf import HFEngine, copy_weights
 from horizonrl.learner.device import autocast_dtype, precision
 from horizonrl.learner.distributed import LOCAL, Ranks
@@ -139,6 +140,10 @@ class ProcessEngine:
         copies_done(self._staging)
         self.version, self.in_flight_at_sync = self._process.ask("sync")
 
+    def score(self, rows: list[ScoredRow]) -> list[list[float]]:
+        """As HFEngine.score, by the producer process's engine."""
+        return self._process.ask("score", rows)
+
     def state_dict(self) -> dict:
         return {"weights_version": self.version}
 
@@ -182,6 +187,7 @@ def serve(pipe: Connection, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase
 
         answers = {"collect": collect, "sync": sync, "state_dict": producer.state_dict,
                    "load_state_dict": producer.load_state_dict, "load_engine_state": engine.load_state_dict,
+                   "score": engine.score,
                    "close": lambda: None}
         try:
             while True:

@@ -37,8 +37,9 @@ from horizonrl.train.demonstrations import demonstration_rows, expert_episodes
 log = logging.getLogger(__name__)
 
 
-def sft(cfg: TrainConfig) -> Path:
-    """Run the supervised warm start; returns the run folder (checkpoint/, metrics.jsonl, config.yaml)."""
+def sft(cfg: TrainConfig, progress: bool = True) -> Path:
+    """Run the supervised warm start; returns the run folder (checkpoint/, metrics.jsonl, config.yaml).
+    `progress`: a progress bar over its `sft.steps` optimizer steps, with the loss (the CLI's --quiet: none)."""
     check_sinks(cfg.report_to)
     torch.manual_seed(cfg.seed)
     with precision(cfg.precision):
@@ -60,7 +61,7 @@ def sft(cfg: TrainConfig) -> Path:
         sharing = share_prefixes(lm_body(policy)) if cfg.optim.shared_prefix else None
         losses = supervised_finetune(policy, demonstration_rows(demos), pad_token_id(tokenizer), cfg.sft.steps,
                                      cfg.sft.batch_size, cfg.sft.lr, seed=cfg.seed,
-                                     lr_decay=cfg.sft.lr_decay)
+                                     lr_decay=cfg.sft.lr_decay, progress=progress, desc=cfg.name)
     shared = {}
     if sharing is not None:
         tokens, skipped = sharing.taken()

@@ -8,6 +8,7 @@ batches (StopSignals.check, on every rank), with nothing saved.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -20,9 +21,11 @@ if TYPE_CHECKING:
     from horizonrl.train.context import RunContext
 
 
-def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
+def critic_warmup(ctx: RunContext, batches: list[PPOBatch], fitted: Callable[[], object] = lambda: None
+                  ) -> dict[str, float]:
     """Train ctx.critic only, inside `ctx.checkpointer.signals.within(...)` (checked before every batch of every
-    pass); returns its loss statistics and its final explained variance (over every rank's tokens)."""
+    pass); `fitted()` after every batch of every pass (the progress bar's step). Returns its loss statistics and
+    its final explained variance (over every rank's tokens)."""
     cfg, optim, stats = ctx.cfg, ctx.cfg.optim, Stats()
     for _ in range(cfg.critic.warmup_iters):
         for batch in batches:
@@ -31,6 +34,7 @@ def critic_warmup(ctx: RunContext, batches: list[PPOBatch]) -> dict[str, float]:
             estimate_advantages(batch, cfg.ppo, ctx.ranks)
             minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, 1, ctx.shuffle,
                               [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, stats)], ctx.ranks)
+            fitted()
     for batch in batches:
         score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
         estimate_advantages(batch, cfg.ppo, ctx.ranks)
