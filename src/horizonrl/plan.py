@@ -102,6 +102,7 @@ from math import prod
 from pathlib import Path
 from urllib.parse import urlparse
 
+from horizonrl.algos.registry import Batches, algorithm
 from horizonrl.config import ConfigError, LoRAConfig, TinyModel, TrainConfig
 from horizonrl.learner.chunked_logits import LOGIT_CHUNK_TOKENS
 
@@ -350,7 +351,7 @@ def kv_bytes_per_token(arch: Architecture) -> int:
 
 def concurrent_streams(cfg: TrainConfig) -> int:
     """Sequences the run samples at once: its env streams (ppo), or its group episodes (an env's at most n_env)."""
-    if cfg.algorithm == "ppo":
+    if cfg.algorithm_spec.batches is Batches.STREAMS:
         return cfg.rollout.n_env
     episodes = cfg.group.n_tasks * cfg.group.group_size
     return episodes if cfg.task is not None else min(cfg.rollout.n_env, episodes)
@@ -362,7 +363,7 @@ def decode_rows(cfg: TrainConfig, gpus: int) -> int:
 
 
 def model_context(cfg: TrainConfig, arch: Architecture) -> int:
-    if cfg.rollout.engine == "vllm" and cfg.rollout.vllm.max_model_len:
+    if cfg.rollout.engine_spec.reserves_gpu_memory and cfg.rollout.vllm.max_model_len:
         return min(arch.context, cfg.rollout.vllm.max_model_len)
     return arch.context
 
@@ -435,7 +436,7 @@ def memory_components(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes
     compute = BF16 if mixed_precision else FP32
     lora = cfg.model.lora
     actor = policy_network(arch, lora)
-    critic = critic_network(arch, lora) if cfg.algorithm == "ppo" else None
+    critic = critic_network(arch, lora) if cfg.algorithm_spec.critic else None
     reference = None if lora else policy_network(arch, None).frozen()
 
     def state(network):
@@ -443,7 +444,7 @@ def memory_components(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes
 
     tokens = micro_batch_tokens(cfg, seq_len)
     rollout = cfg.rollout
-    hf_engine = rollout.engine == "hf"
+    in_trainer_engine = rollout.engine_spec.samples_learner_module
     rows = decode_rows(cfg, gpus)
     utilization = rollout.vllm.gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
     engine_copies = 2 if rollout.async_training.in_a_process else 1    # + the staging copy a producer process reads
@@ -454,9 +455,9 @@ def memory_components(arch: Architecture, cfg: TrainConfig, gpus: int, gpu_bytes
         activation_bytes(arch, lora, tokens, seq_len, checkpointing, mixed_precision),
         autocast_weight_bytes(arch, lora, checkpointing, mixed_precision),
         logits_chunk_bytes(arch, tokens, mixed_precision),
-        engine_copies * parameter_count(policy_network(arch, None)) * BF16 if hf_engine else 0,
-        (rows * seq_len + rollout.prefix_cache_tokens) * kv_bytes_per_token(arch) if hf_engine else 0,
-        int(utilization * gpu_bytes) if rollout.engine == "vllm" else 0,
+        engine_copies * parameter_count(policy_network(arch, None)) * BF16 if in_trainer_engine else 0,
+        (rows * seq_len + rollout.prefix_cache_tokens) * kv_bytes_per_token(arch) if in_trainer_engine else 0,
+        int(utilization * gpu_bytes) if rollout.engine_spec.reserves_gpu_memory else 0,
     ]))
 
 
@@ -470,7 +471,7 @@ def startup_bytes(arch: Architecture, cfg: TrainConfig, components: dict[str, in
     network = policy_network(arch, None)
     largest = max(prod(p.shape) for p in network.root + network.layer)
     policy = parameter_count(network) * FP32
-    copies = 2 if cfg.model.lora is not None and cfg.algorithm == "ppo" else 1
+    copies = 2 if cfg.model.lora is not None and cfg.algorithm_spec.critic else 1
     return stored + 2 * largest * FP32, copies * policy
 
 
@@ -660,7 +661,7 @@ def format_plan(plan: Plan) -> str:
     """A readable report: the run's shape, one row per component in GiB, the total, and the verdict."""
     s = plan.settings
     tuning = "full fine-tune" if s["lora"] is None else f"LoRA r={s['lora']}"
-    models = "actor + critic + reference" if s["algorithm"] == "ppo" else "actor + reference"
+    models = "actor + critic + reference" if algorithm(s["algorithm"]).critic else "actor + reference"
     flags = " ".join(f"{key}={str(s[key]).lower()}" for key in DIST_FLAGS)
     lines = [
         f"memory plan{' for ' + plan.recipe if plan.recipe else ''}: {plan.gpus} GPU(s) x "

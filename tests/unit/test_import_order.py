@@ -8,7 +8,8 @@ import horizonrl
 
 PACKAGE = Path(horizonrl.__file__).parent
 LAYERS = [  # lowest first; the data flow README.md describes runs envs -> rollout -> ... -> report
-    "records", "envs", "agents", "tools", "tasks", "algos", "samples", "config", "engines", "learner", "plan", "rollout",
+    "errors", "records", "envs", "agents", "tools", "tasks", "algos", "samples", "engines", "config", "learner", "plan",
+    "rollout",
     "gateway", "report", "train", "evaluate", "play", "cli", "__main__",
 ]
 

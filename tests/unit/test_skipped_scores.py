@@ -123,7 +123,7 @@ def with_(base: dict, **changes) -> dict:
     return out
 
 
-UNSYNCED = SimpleNamespace(state_dict=lambda: {"weights_version": 0})   # an engine's state before any sync
+UNSYNCED = SimpleNamespace(weights_version=0)   # an engine before any sync
 
 
 @pytest.mark.parametrize("config, actor_passes, reference_passes", [

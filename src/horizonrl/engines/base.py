@@ -71,8 +71,13 @@ class Engine(Protocol):
 
 @runtime_checkable
 class TrainingEngine(Engine, Protocol):
-    """An engine a training run samples from: its state (e.g. the weights version that seeds its
-    requests) is checkpointed with the run and restored on resume."""
+    """An engine a training run samples from: its state (the weights version that seeds its requests)
+    is checkpointed with the run and restored on resume."""
+
+    @property
+    def weights_version(self) -> int:
+        """How many weight syncs the engine has taken (the version its next generations are tagged with)."""
+        ...
 
     def state_dict(self) -> dict: ...
 

@@ -215,12 +215,16 @@ class HFEngine:
         return (torch.autocast(self.device.type, dtype=self.autocast_dtype) if self.autocast_dtype
                 else contextlib.nullcontext())
 
+    @property
+    def weights_version(self) -> int:
+        return self.seeds.version
+
     def state_dict(self) -> dict:
         """What a checkpoint keeps: the weights version. Saved right after `sync_weights`, when no KV is
         kept and no request counted yet, this is all that decides what the engine samples next. (Saved
         before any sync, as after the critic warmup, the kept KV is dropped: prompts that would have
         reused it are prefilled whole, which moves float rounding only, as batching does.)"""
-        return {"weights_version": self.seeds.version}
+        return {"weights_version": self.weights_version}
 
     def load_state_dict(self, state: dict) -> None:
         self.seeds.new_version(state["weights_version"])

@@ -188,8 +188,12 @@ class OpenAIServerEngine:
     def sleep(self) -> None:
         """Nothing to free here: the server holds its own memory."""
 
+    @property
+    def weights_version(self) -> int:
+        return self.seeds.version
+
     def state_dict(self) -> dict:
-        return {"weights_version": self.seeds.version}
+        return {"weights_version": self.weights_version}
 
     def load_state_dict(self, state: dict) -> None:
         self.seeds.new_version(state["weights_version"])

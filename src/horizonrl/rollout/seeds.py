@@ -22,6 +22,7 @@ seeds), between the tokenizer's seeds 600_018..600_081 and 700_021..700_084.
 
 from __future__ import annotations
 
+from horizonrl.algos.registry import Batches
 from horizonrl.config import TrainConfig
 
 SEED_BLOCK = 1_000_003
@@ -56,7 +57,7 @@ def max_training_episodes(cfg: TrainConfig) -> int:
     batch (a group's rollouts share their seed)."""
     warm_start = cfg.rollout.n_env * cfg.model.warm_start.turns * cfg.model.warm_start.iterations \
         if cfg.model.warm_start else 0
-    if cfg.algorithm == "ppo":
+    if cfg.algorithm_spec.batches is Batches.STREAMS:
         training = cfg.rollout.n_env * cfg.ppo.e_len * (cfg.critic.warmup_batches + cfg.iterations)
     else:
         training = cfg.group.n_tasks * cfg.iterations

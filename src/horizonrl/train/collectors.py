@@ -6,6 +6,7 @@ The learner's process builds them (train/loop.py, train/context.py), and so does
 
 from __future__ import annotations
 
+from horizonrl.algos.registry import Batches
 from horizonrl.config import TrainConfig
 from horizonrl.engines.base import Engine
 from horizonrl.envs.pool import open_envs
@@ -31,7 +32,7 @@ def make_collector(cfg: TrainConfig, tokenizer, engine: Engine, model, envs: lis
     from `engine` as the config says (`model`: the policy it samples, whose config and stop ids it reads)."""
     agent = make_agent(tokenizer, cfg.agent)
     params = sampling_params(cfg.rollout, tokenizer, model, agent)
-    if cfg.algorithm == "ppo":
+    if cfg.algorithm_spec.batches is Batches.STREAMS:
         return FixedTurnCollector(envs, agent, engine, params, cfg.ppo.e_len, cfg.seed,
                                   ranks.share(cfg.rollout.n_env).start, cfg.rollout.n_env)
     if cfg.task is not None:

@@ -121,7 +121,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         actor, critic, reference = sharded_networks(cfg, policy, ranks, device)
         del policy                          # rank 0's whole copy goes before the engine's comes
         sampled = engine_copy(actor, autocast_dtype(device) or torch.float32, device) \
-            if cfg.rollout.engine == "hf" else actor
+            if cfg.rollout.engine_spec.samples_learner_module else actor
     else:
         actor, critic, reference, sampled = local_networks(cfg, policy, device)
     if cfg.rollout.async_training.in_a_process:          # the engine and envs are the producer process's
@@ -129,12 +129,13 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         engine = collector.engine
     else:
         wrapped = ranks.distributed or cfg.model.lora is not None     # the actor's state dict is no plain model's
+        loads_tensors = wrapped and not cfg.rollout.engine_spec.samples_learner_module
         engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights",
-                             merged_parameters(actor) if wrapped and cfg.rollout.engine != "hf" else None)
+                             merged_parameters(actor) if loads_tensors else None)
         collector = make_collector(cfg, tokenizer, engine, sampled, envs, ranks)
         if cfg.rollout.async_training.max_staleness:   # an hf engine samples from a copy of its own
             collector = Producer(collector, cfg.rollout.async_training.max_staleness,
-                                 lambda: engine.state_dict()["weights_version"], lambda: engine.in_flight_at_sync)
+                                 lambda: engine.weights_version, lambda: engine.in_flight_at_sync)
     sharing = [share_prefixes(network.backbone if isinstance(network, ValueModel) else lm_body(network), ranks=ranks)
                for network in (actor, critic, reference)
                if cfg.optim.shared_prefix and network is not None and not isinstance(network, AdaptersOff)]
@@ -150,7 +151,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     if resume is not None:
         first_iteration = state.restore(resume.folder) + 1
     else:
-        warmup = cfg.algorithm == "ppo" and cfg.critic.warmup_batches > 0 and cfg.critic.warmup_iters > 0
+        warmup = cfg.algorithm_spec.critic and cfg.critic.warmup_batches > 0 and cfg.critic.warmup_iters > 0
         first_iteration = 0 if warmup else 1
     metrics = MetricsSinks(run_dir, cfg.report_to, cfg.model_dump(mode="json"), first_iteration) \
         if ranks.is_main else None
@@ -186,9 +187,10 @@ def local_networks(cfg: TrainConfig, actor: PreTrainedModel, device: torch.devic
     does in asynchronous training, while the actor updates).
     Every network in eval mode: dropout off, so the sampler and the learner compute the same function."""
     actor.eval()
-    hf_copy = cfg.rollout.engine == "hf" and (cfg.model.lora is not None or cfg.rollout.async_training.max_staleness)
-    sampled = engine_copy(actor, autocast_dtype(device) or torch.float32, device) if hf_copy else actor
-    critic = ValueModel.from_policy(actor).eval() if cfg.algorithm == "ppo" else None
+    own_copy = cfg.model.lora is not None or cfg.rollout.async_training.max_staleness
+    sampled = engine_copy(actor, autocast_dtype(device) or torch.float32, device) \
+        if cfg.rollout.engine_spec.samples_learner_module and own_copy else actor
+    critic = ValueModel.from_policy(actor).eval() if cfg.algorithm_spec.critic else None
     if cfg.model.lora is None:
         return actor, critic, frozen_copy(actor), sampled
     actor, critic = add_adapters(actor, critic, cfg.model.lora, cfg.seed)

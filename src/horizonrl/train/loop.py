@@ -34,7 +34,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from horizonrl.algos.registry import Batches
 from horizonrl.config import ConfigError, TrainConfig
+from horizonrl.engines.registry import ENGINES, engine
 from horizonrl.learner.device import precision
 from horizonrl.learner.distributed import LOCAL, Ranks, start_ranks, stop_ranks
 from horizonrl.learner.lora import merged_parameters
@@ -108,13 +110,14 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
     if cfg.validation is not None:
         raise ConfigError("validation: plays the policy in one process (a sharded actor needs every rank to "
                           "generate); set it to null under torchrun")
-    if cfg.rollout.engine == "openai":
-        raise ConfigError("rollout.engine: openai under torchrun would have every rank reload one server's "
-                          "weights; use hf or vllm (an engine per rank)")
+    if cfg.rollout.engine_spec.one_server_per_job:
+        per_rank = ", ".join(name for name in ENGINES if not engine(name).one_server_per_job)
+        raise ConfigError(f"rollout.engine: {cfg.rollout.engine} under torchrun would have every rank reload one "
+                          f"server's weights; use {per_rank} (an engine per rank)")
     shared = {"optim.mini_batch_size": cfg.optim.mini_batch_size}
     if cfg.task is None:
         shared["rollout.n_env"] = cfg.rollout.n_env
-    if cfg.algorithm != "ppo":
+    if cfg.algorithm_spec.batches is Batches.GROUPS:
         shared["group.n_tasks"] = cfg.group.n_tasks
     for key, value in shared.items():
         if value % world_size:
@@ -127,7 +130,7 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
     first), each followed by a checkpoint when one is due (or a stop signal asked for one). An iteration whose
     rollouts all failed raises RolloutsFailed, naming the iteration and what the run folder keeps."""
     cfg = ctx.cfg
-    iterate = ppo_iteration if cfg.algorithm == "ppo" else group_iteration
+    iterate = {Batches.STREAMS: ppo_iteration, Batches.GROUPS: group_iteration}[cfg.algorithm_spec.batches]
     validation = Validation(cfg, ctx.run_dir, ctx.first_iteration) if cfg.validation is not None else None
     if validation is not None and ctx.first_iteration == 1:     # no iteration 0 (critic warmup) validates the start
         validation.run(0, ctx.actor, ctx.tokenizer, ctx.device)
@@ -174,7 +177,7 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
                        (ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
     probe = sync_engine(ctx)
     clock.lap("update")
-    return log_iteration(ctx, i, "ppo", episodes, batch, clock.laps,
+    return log_iteration(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
                          {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"), **probe,
                           "train/actor/entropy_coef": ctx.entropy_coef(i)})
 
@@ -193,11 +196,11 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
     batch = score(ctx, kept, critic=None)                       # logp_old, logp_ref per token where read
-    if cfg.algorithm == "gigpo":                                # + step advantage from turns in the same state
+    if cfg.algorithm_spec.step_credit:                          # + step advantage from turns in the same state
         step_stats = gigpo_advantages_to_tokens(batch, cfg.gigpo, ctx.ranks)
     else:                                                       # outcome reward -> group advantage per token
         step_stats = {}
-        group_advantages_to_tokens(batch, cfg.algorithm, ctx.ranks)
+        group_advantages_to_tokens(batch, cfg.algorithm_spec.estimator, ctx.ranks)
     clock.lap("score")
     actor_stats = Stats()
     minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
@@ -247,7 +250,7 @@ def score(ctx: RunContext, episodes: list[Episode], critic, updates_actor: bool 
     by the actor and the reference where `needed_scores` says (`updates_actor`: the batch trains the actor)."""
     cfg = ctx.cfg
     batch = prepare(episodes, ctx.pad_id, ctx.device, tokenizer=ctx.tokenizer,
-                    weights_version=ctx.engine.state_dict()["weights_version"], **cfg.sample_options(ctx.run_dir))
+                    weights_version=ctx.engine.weights_version, **cfg.sample_options(ctx.run_dir))
     n_rows = len(batch.data["input_ids"]) if updates_actor else None
     old, ref = needed_scores(cfg, n_rows, ctx.ranks)
     score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, cfg.rollout.temperature,
@@ -260,10 +263,10 @@ def needed_scores(cfg: TrainConfig, n_rows: int | None, ranks: Ranks = LOCAL) ->
     """(logp_old, logp_ref): whether a term of the iteration reads the actor's, and the reference's, log-probs
     of a batch of `n_rows` rows (on this rank; None: a batch that trains no actor, the critic warmup's).
 
-    The KL in the reward (ppo with ppo.kl_coef > 0) reads both. The actor loss reads logp_ref with
+    The KL in the reward (an algorithm with a critic, ppo.kl_coef > 0) reads both. The actor loss reads logp_ref with
     actor.kl_loss_coef > 0, and logp_old unless the update is one optimizer step: then the update's own
     forward, detached, is the old policy (learner/update.py actor_loss_fn), as in TRL's GRPOTrainer."""
-    kl_in_reward = cfg.algorithm == "ppo" and cfg.ppo.kl_coef > 0
+    kl_in_reward = cfg.algorithm_spec.critic and cfg.ppo.kl_coef > 0
     if n_rows is None:
         return kl_in_reward, kl_in_reward
     one_step = single_optimizer_step(n_rows, cfg.optim.mini_batch_size, cfg.optim.epochs, ranks)

@@ -144,6 +144,10 @@ class ProcessEngine:
         """As HFEngine.score, by the producer process's engine."""
         return self._process.ask("score", rows)
 
+    @property
+    def weights_version(self) -> int:
+        return self.version
+
     def state_dict(self) -> dict:
         return {"weights_version": self.version}
 
@@ -173,7 +177,7 @@ def serve(pipe: Connection, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase
         engine: HFEngine = make_engine(model, tokenizer, cfg.rollout, cfg.seed, device)
         envs = run_envs(cfg, ranks)
         producer = Producer(make_collector(cfg, tokenizer, engine, model, envs, ranks),
-                            cfg.rollout.async_training.max_staleness, lambda: engine.state_dict()["weights_version"],
+                            cfg.rollout.async_training.max_staleness, lambda: engine.weights_version,
                             lambda: engine.in_flight_at_sync)
 
         def collect():
@@ -183,7 +187,7 @@ def serve(pipe: Connection, cfg: TrainConfig, tokenizer: PreTrainedTokenizerBase
         def sync():
             engine.sync_weights(staging)
             copies_done(staging)
-            return engine.state_dict()["weights_version"], engine.in_flight_at_sync
+            return engine.weights_version, engine.in_flight_at_sync
 
         answers = {"collect": collect, "sync": sync, "state_dict": producer.state_dict,
                    "load_state_dict": producer.load_state_dict, "load_engine_state": engine.load_state_dict,

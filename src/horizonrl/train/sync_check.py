@@ -45,9 +45,7 @@ class EngineOutOfSync(RuntimeError):
 
 def served_by(cfg: TrainConfig) -> str:
     """The engine that samples the rollouts, as the errors about it name it."""
-    if cfg.rollout.engine == "openai":
-        return f"the openai engine at {cfg.rollout.openai.base_url}"
-    return f"the {cfg.rollout.engine} engine"
+    return cfg.rollout.engine_spec.served_by.format(r=cfg.rollout)
 
 
 class SyncCheck:
@@ -80,7 +78,7 @@ class SyncCheck:
         drift = self._largest(mean_abs_diff(self.learner_scores, previous))
         limit = max(self.max_growth * self.floor, self.min_gap)
         if gap > limit:
-            version = engine.state_dict()["weights_version"]
+            version = engine.weights_version
             raise EngineOutOfSync(
                 f"{self.engine_name} serves other weights than the learner sent it at weights version {version}: "
                 f"on {len(self.rows)} probe rows of the first batch its log-probs are {gap:.4g} per token from the "
