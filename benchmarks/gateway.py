@@ -7,8 +7,8 @@ to the engine, in one run; prints one JSON object.
 Model: the shipped tiny BabyAI agent (builtin:babyai-tiny) in an hf engine, or --model (with
 --random-weights, a model of that config with random weights: a GPU-sized model without a download).
 Each of `agents` concurrent agents runs a chat loop of `calls` calls through `openai.AsyncOpenAI` against an
-in-process Gateway on its own rollout URL, each call seeded, its reply and a new user message appended to the conversation. The
-agents run on the gateway's own event loop (`same_loop`: the client's work competes with the gateway's
+in-process Gateway on its own rollout URL, each call seeded, its reply and a new user message appended to the
+conversation. The agents run on the gateway's own event loop (`same_loop`: the client's work competes with the gateway's
 and the engine's for the GIL), or in a process of their own (`agents_apart`, as agents usually are).
 The direct run then sends the very prompts the gateway recorded (its `prompt_ids`), with the same seeds
 and token budgets, to `engine.generate`, each agent's calls in turn, all agents concurrently.

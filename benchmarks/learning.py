@@ -295,7 +295,7 @@ def svg_plot(cells: list[dict], algorithms: list[str], width: int = 420, height:
         if not bands:
             continue
         x1 = max(b[0][-1] for b in bands.values())
-        sx = lambda x: p * width + left + x / x1 * (width - left - right)  # noqa: E731
+        sx = lambda x: p * width + left + x / x1 * (width - left - right)  # noqa: E731, B023 (used in this pass)
         sy = lambda y: height - bottom - y * (height - top - bottom)  # noqa: E731
         parts += [f'<text x="{p * width + width / 2}" y="16" text-anchor="middle">{task}: training success</text>',
                   f'<path d="M{sx(0)},{sy(1)} V{sy(0)} H{sx(x1)}" stroke="black" fill="none"/>',

@@ -28,7 +28,7 @@ from horizonrl.samples.merge import merge_turns
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.samples.tensors import row_tensors
 
-P, R, O = 60, 20, 30
+P, R, O = 60, 20, 30  # noqa: E741 (the docstring's names)
 
 
 def full_history_episode(turns: int, vocab: int, rng: random.Random, name: str) -> Episode:

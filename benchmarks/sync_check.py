@@ -35,8 +35,8 @@ TOY = ["configs/toy.yaml", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_s
 ASYNC = ["rollout.async_training.max_staleness=1", "actor.tis_cap=2.0"]
 MODES = {"thread-K1": ASYNC, "process-K1": [*ASYNC, "rollout.async_training.producer=process"],
          "lora-K0": ["model.lora={r: 4, alpha: 8}"], "full-K0": []}
-BREAKAGES = {"none": None, "missing-from-1": (1, lambda name: False), "mlp-from-3": (3, lambda name: ".mlp." not in name),
-             "missing-from-3": (3, lambda name: False)}
+BREAKAGES = {"none": None, "missing-from-1": (1, lambda name: False),
+             "mlp-from-3": (3, lambda name: ".mlp." not in name), "missing-from-3": (3, lambda name: False)}
 
 
 def broken_syncs(first_broken: int, kept):

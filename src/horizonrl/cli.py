@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     train_cmd = commands.add_parser("train", help="train an agent (PPO, a group algorithm or GiGPO)")
     train_cmd.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
-                           help="a recipe YAML (default configs/babyai_tiny.yaml) and dotted overrides, e.g. actor.lr=1e-5")
+                           help="a recipe YAML (default configs/babyai_tiny.yaml) and dotted overrides, e.g. "
+                                "actor.lr=1e-5")
     train_cmd.add_argument("--resume", metavar="RUN", help="continue the run folder RUN from its last checkpoint, "
                                                            "with its config.yaml (only iterations, save_every and "
                                                            "budget.* can be changed)")

@@ -45,7 +45,8 @@ MOVED = {  # keys of earlier layouts -> their place now
                                                 "kl_loss_coef", "loss_agg")},
     **{f"ppo.{key}": f"critic.{key}" for key in ("value_clip", "first_token_weight", "warmup_batches",
                                                  "warmup_iters")},
-    "ppo.actor_lr": "actor.lr", "ppo.tis_cap": "actor.tis_cap", "ppo.critic_lr": "critic.lr", "rollout.e_len": "ppo.e_len",
+    "ppo.actor_lr": "actor.lr", "ppo.tis_cap": "actor.tis_cap", "ppo.critic_lr": "critic.lr",
+    "rollout.e_len": "ppo.e_len",
 }
 PACKAGE_CONFIGS = Path(__file__).parent / "configs"        # recipes inside an installed wheel
 SOURCE_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # recipes in a source checkout
@@ -275,7 +276,8 @@ class SyncCheckConfig(Section):
     (a stale or partial sync; train/sync_check.py)."""
 
     max_growth: float | None = Field(4.0, gt=1, description="how many times the gap on the same weights (before the "
-                                                            "first update) a gap after a sync may reach; null: no check")
+                                                            "first update) a gap after a sync may reach; null: no "
+                                                            "check")
     min_gap: float = Field(1e-3, gt=0, description="a gap (nats per token) below this never stops the run")
     probe_rows: int = Field(4, gt=0, description="rows of the first batch that both sides score after each sync")
 

@@ -44,9 +44,9 @@ Bytes per GPU (0 for the first seven with dist.cpu_offload: CPU memory):
 Start-up (learner/sharded_start.py), before the first step: the device holds the parameters of actor,
 critic and reference (as above), the engine's weights, and two fp32 copies of the largest whole
 parameter: a parameter is broadcast from rank 0 one at a time, and the engine's copy is filled one
-gathered parameter at a time (DTensor.full_tensor: its all-gather buffer and the tensor it returns). Rank 0's CPU memory holds the initial policy in fp32 until
-the shards are filled (N x 4; with LoRA and a critic, the critic's copy too). `fits` is for the larger
-of start-up and steady state.
+gathered parameter at a time (DTensor.full_tensor: its all-gather buffer and the tensor it returns). Rank 0's CPU
+memory holds the initial policy in fp32 until the shards are filled (N x 4; with LoRA and a critic, the critic's
+copy too). `fits` is for the larger of start-up and steady state.
 Not counted: the CUDA context and allocator fragmentation (leave ~2 GiB), the scalar AdamW step, the
 flat all-gather buffer FSDP2 copies a unit's parameters out of (freed at once).
 

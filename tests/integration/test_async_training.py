@@ -172,7 +172,8 @@ def test_a_run_whose_env_resets_fail_ends_naming_the_failure(tmp_path, spawn, al
                      f"rollout.async_training.producer={producer}", "iterations=20", f"output_dir={tmp_path}",
                      "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                     env=dict(os.environ, OMP_NUM_THREADS="1",
-                             PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])))
+                             PYTHONPATH=os.pathsep.join([str(Path(__file__).parent),
+                                                         os.environ.get("PYTHONPATH", "")])))
     output, _ = process.communicate(timeout=600)
     assert process.returncode != 0, output[-3000:]
     assert "reset failed 3 times in a row" in output and "the simulator refused seed" in output, output[-3000:]

@@ -25,7 +25,8 @@ REQUIRED_KEYS = [
     "perf/rollout_tokens_per_s", "perf/train_tokens_per_s", "timing/rollout_s", "timing/update_s",
 ]
 SMALL = ["iterations=2", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
-         "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20", "model.warm_start.iterations=1"]
+         "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20",
+         "model.warm_start.iterations=1"]
 
 
 def test_train_writes_run_folder_metrics_and_checkpoint(tmp_path, capsys):
@@ -68,8 +69,8 @@ def test_the_critic_warmup_shows_its_progress_unless_quiet(tmp_path, capsys, qui
 
 
 def test_each_update_logs_its_linearly_decayed_entropy_bonus(tmp_path):
-    assert main(["train", TOY, *SMALL, "actor.entropy_coef=0.01", "actor.entropy_decay=linear", f"output_dir={tmp_path}",
-                 "--quiet"]) == 0
+    assert main(["train", TOY, *SMALL, "actor.entropy_coef=0.01", "actor.entropy_decay=linear",
+                 f"output_dir={tmp_path}", "--quiet"]) == 0
     (run_dir,) = tmp_path.iterdir()
     records = read_metrics(run_dir / "metrics.jsonl")[1:]    # updates 1 and 2 of 2: 0.01 x (1, 1/2)
     assert [r["train/actor/entropy_coef"] for r in records] == pytest.approx([0.01, 0.005])

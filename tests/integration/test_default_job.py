@@ -1,6 +1,7 @@
 """The default job (`horizonrl train`, configs/babyai_tiny.yaml), shortened: PPO on BabyAI goto and
 pickup from the shipped warm-start checkpoint, validated at both iterations, then `horizonrl eval` of the run's
-start and of the policy its validation kept, on held-out seeds of both tasks. (Its full length and what it learns: BENCHMARKS.md, Default job.)"""
+start and of the policy its validation kept, on held-out seeds of both tasks. (Its full length and what it learns:
+BENCHMARKS.md, Default job.)"""
 
 import json
 

@@ -13,7 +13,7 @@ from horizonrl.agents.agent import chat_prompt_ids
 from horizonrl.cli import main
 from horizonrl.config import SOURCE_CONFIGS, load_config
 from horizonrl.learner.models import load_policy
-from horizonrl.train.checkpoint import CheckpointError, save_checkpoint
+from horizonrl.train.checkpoint import CheckpointError
 from horizonrl.train.export import export
 from horizonrl.train.loop import train
 

@@ -299,7 +299,8 @@ def test_structured_output_is_always_valid_json_of_the_schema(model_gateway):
     answers = [json.loads(text) for text in constrained]
     assert len(answers) == 64 and all(set(a) == {"action", "done"} and a["action"] in ANSWER_SCHEMA["properties"][
         "action"]["enum"] and isinstance(a["done"], bool) for a in answers)
-    assert all(text == json.dumps(answer) for text, answer in zip(constrained, answers, strict=True))   # as json.dumps writes it
+    # as json.dumps writes it
+    assert all(text == json.dumps(answer) for text, answer in zip(constrained, answers, strict=True))
     free = [choice.message.content for _ in range(8) for choice in model_gateway.chat.completions.create(
         model="any", messages=MESSAGES, n=8, max_tokens=64).choices]
     assert sum(is_json(text) for text in free) == 0

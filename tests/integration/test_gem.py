@@ -110,7 +110,7 @@ def test_the_experts_win_within_the_shortest_number_of_turns(game, turns):
     env = envs.make(f"gem:{game}")
     for seed in range(5):
         env.reset(seed)
-        for turn in range(1, turns + 1):
+        for turn in range(1, turns + 1):  # noqa: B007 (read after the loop)
             action, reason = env.expert_action()
             assert action in env.actions and reason
             *_, terminated, truncated, info = env.step(action)

@@ -87,7 +87,8 @@ def _advantages(batch, episodes, turn_values, turn_logp, turn_logp_ref, ppo):
     data["values_old"] = index.to_rows(turn_values, shape) + noise
     data["logp_old"] = index.to_rows(turn_logp, shape) + noise
     data["logp_ref"] = index.to_rows(turn_logp_ref, shape) - noise
-    ppo_batch = PPOBatch(episodes, batch, index, data, bootstrap_values=torch.tensor([0.7] * len(batch.bootstrap_prompts)))
+    ppo_batch = PPOBatch(episodes, batch, index, data,
+                         bootstrap_values=torch.tensor([0.7] * len(batch.bootstrap_prompts)))
     estimate_advantages(ppo_batch, ppo)
     return index.to_turns(data["advantages"]), index.to_turns(data["returns"])
 
@@ -140,7 +141,8 @@ def test_bpe_resplit_is_retoken(qwen_tokenizer):
     assert m["class"] == "retoken" and m["episode_id"] == "p" and m["turn"] == 1
     assert m["expected_ids"] == episode.turns[0].prompt_ids + first
     assert m["expected_text"] == m["actual_text"] and m["actual_ids"] != m["expected_ids"]
-    assert m["common_prefix"] == len(episode.turns[0].prompt_ids) + len(encode(tok, "THINK: H"))  # " H" agrees, "AVING" does not
+    # " H" agrees, "AVING" does not
+    assert m["common_prefix"] == len(episode.turns[0].prompt_ids) + len(encode(tok, "THINK: H"))
 
 
 def test_spelled_out_special_token_is_retoken(qwen_tokenizer):
@@ -193,7 +195,8 @@ def test_write_mismatches(qwen_tokenizer, tmp_path):
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(lines) == 2 and [r["turn"] for r in lines] == [1, 7]
     for record in lines:
-        assert {"episode_id", "turn", "class", "expected_ids", "actual_ids", "expected_text", "actual_text"} <= set(record)
+        fields = {"episode_id", "turn", "class", "expected_ids", "actual_ids", "expected_text", "actual_text"}
+        assert fields <= set(record)
         assert tok.decode(record["expected_ids"]) == record["expected_text"]
         assert tok.decode(record["actual_ids"]) == record["actual_text"]
     write_mismatches(report, path)  # appends

@@ -51,7 +51,7 @@ def measured(tmp_path_factory) -> list[dict]:
               f"{len(LAUNCH_FAILURES)} failed launch(es) so far:\n{done.stderr[-2000:]}")
     assert done.returncode == 0, done.stderr[-4000:]
     if LAUNCH_FAILURES:   # shown in pytest's warnings summary
-        warnings.warn(f"fsdp_shard_sizes.py: {len(LAUNCH_FAILURES)} failed launch(es) before it ran")
+        warnings.warn(f"fsdp_shard_sizes.py: {len(LAUNCH_FAILURES)} failed launch(es) before it ran", stacklevel=2)
     return [json.loads(Path(f"{out}.rank{rank}.json").read_text()) for rank in range(WORLD)]
 
 

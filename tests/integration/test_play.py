@@ -19,8 +19,8 @@ def test_play_shows_the_agent_messages_and_runs_the_agents_action_parsing():
     env = envs.make("river", stones=2)
     first_observation, _ = env.reset(3)
     right_side = "jump left" if first_observation.endswith("left.") else "jump right"
-    episode_return = play("river", {"stones": 2}, seed=3, ask=scripted(["THINK: hm\nACTION: Wait.", right_side, "fly", ""]),
-                          show=shown.append)
+    answers = ["THINK: hm\nACTION: Wait.", right_side, "fly", ""]
+    episode_return = play("river", {"stones": 2}, seed=3, ask=scripted(answers), show=shown.append)
     assert shown[0] == render(build_messages(system_prompt(env.instruction), [], first_observation, 1))
     assert ">>> executed 'wait'; reward 0" in shown[1]                   # normalised: "Wait." -> wait
     assert "Previous plan:\nTHINK: hm\nACTION: wait" in shown[2]         # history holds the executed action

@@ -33,7 +33,8 @@ from horizonrl.rollout.fixed_turn import FixedTurnCollector
 
 TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 SMALL = ["rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
-         "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20", "model.warm_start.iterations=1"]
+         "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20",
+         "model.warm_start.iterations=1"]
 ALGORITHMS = {"ppo": SMALL, "grpo": [*SMALL, "algorithm=grpo", "group.n_tasks=2", "group.group_size=2",
                                      "group.max_turns=4"]}
 ITERATIONS = 4
@@ -56,7 +57,7 @@ def straight(tmp_path_factory):
     return run
 
 
-WEIGHTS = {"ppo": ("model.safetensors", "critic/model.safetensors"), "grpo": ("model.safetensors",)}  # no critic in grpo
+WEIGHTS = {"ppo": ("model.safetensors", "critic/model.safetensors"), "grpo": ("model.safetensors",)}  # grpo: no critic
 
 
 def assert_same_run(run: Path, straight: Path, algorithm: str = "ppo") -> None:

@@ -85,7 +85,8 @@ def test_noisy_demonstrations_mask_their_deviations_and_learn_from_the_rest(goto
     assert [bool(t.info.get("deviation")) for e in again for t in e.turns] == deviated
     rows = demonstration_rows(demos)
     for mask, turn, deviation in zip(rows.loss_mask, turns, deviated):
-        assert mask == [0] * len(mask) if deviation else mask == [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids)
+        learned = [0] * len(turn.prompt_ids) + [1] * len(turn.response_ids)
+        assert mask == [0] * len(mask) if deviation else mask == learned
     clean = expert_episodes(agent, "babyai/goto", {}, episodes=2, max_turns=64, seed=0)
     assert not any(turn.info.get("deviation") for episode in clean for turn in episode.turns)
 

@@ -8,9 +8,9 @@ warm start and the float rounding: with the mission at the system prompt's end (
 seed 1 was at 0.81-1.00 from iteration 9 and 0.95-1.00 from 14, seed 0 at 0.62-0.83 from 14, seed 2 at
 0.47-0.72 from 8; before that change seed 2 was at 1.00 from 17 to 26 and seed 1 at 0.73-0.91 at 17-24. On
 2026-12-02 seed 1 learned later, on main as it had landed (621d8b7) too: 0.62-0.78 at 14-18 (the last 3 pooled
-0.70, a CI failure; the same curve in CI and here, so the environment's install moved the rounding), and with micro-batches that share no prefix taking the plain pass (the same first 12 iterations, then
-other rounding) 0.92 at 14 and 0.98-1.00 from 15 to 28. The learning table (BENCHMARKS.md) gives GiGPO over seeds,
-with its spread.
+0.70, a CI failure; the same curve in CI and here, so the environment's install moved the rounding), and with
+micro-batches that share no prefix taking the plain pass (the same first 12 iterations, then other rounding) 0.92
+at 14 and 0.98-1.00 from 15 to 28. The learning table (BENCHMARKS.md) gives GiGPO over seeds, with its spread.
 
 GRPO has no toy learning test of its own (it had one, on seed 1, the one seed of three on which it learns the
 toy, ~100 s of CI's CPU): GiGPO's advantage is GRPO's episode advantage plus a step term (algos/gigpo.py), so

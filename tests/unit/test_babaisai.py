@@ -217,7 +217,7 @@ def test_the_expert_wins_every_level_in_the_solvers_number_of_moves():
     for seed in range(10):
         env.reset(seed)
         shortest = len(solve(env.unwrapped))
-        for step in range(1, env.max_steps + 1):
+        for step in range(1, env.max_steps + 1):  # noqa: B007 (read after the loop)
             _, _, terminated, truncated, info = env.step(env.expert_action()[0])
             if terminated or truncated:
                 break

@@ -6,8 +6,8 @@ from pydantic import BaseModel
 
 from horizonrl import envs
 from horizonrl.cli import main
-from horizonrl.config import (SOURCE_CONFIGS, ConfigError, TrainConfig, apply_overrides, default_recipe, dump, load_config,
-                              validate)
+from horizonrl.config import (SOURCE_CONFIGS, ConfigError, TrainConfig, apply_overrides, default_recipe, dump,
+                              load_config, validate)
 
 from horizonrl.envs.river import River
 
@@ -45,7 +45,8 @@ BAD = [  # overrides of the toy recipe -> the line of the error that names the k
     (["env.workers=maybe"], "env.workers: Input should be a valid boolean"),
     (["rollout.n_env=-2"], "rollout.n_env: Input should be greater than 0"),
     (["seed=-1"], "seed: Input should be greater than or equal to 0"),
-    (["actor.loss_agg=mean"], "actor.loss_agg: Input should be 'token-mean', 'seq-mean-token-sum' or 'seq-mean-token-mean'"),
+    (["actor.loss_agg=mean"],
+     "actor.loss_agg: Input should be 'token-mean', 'seq-mean-token-sum' or 'seq-mean-token-mean'"),
     (["optim.mini_batch_size=100"],
      "optim.mini_batch_size: 100 does not divide the rollout.n_env * ppo.e_len = 256 turns of a PPO batch"),
     (["model.tiny.num_kv_heads=3"], "model.tiny.num_kv_heads: 3 does not divide num_heads = 4"),

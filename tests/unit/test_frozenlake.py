@@ -51,8 +51,8 @@ def test_the_map_as_text_and_a_walk_into_a_hole():
 def test_surroundings_and_the_experts_reason_read_the_cells_around():
     lake = hand_made(surroundings=True)
     assert lake.render() == "P_O_\n_O__\n____\nO__G\nAround you: left edge, down ice, right ice, up edge."
-    assert lake.expert_action() == ("down", "around me: left edge, down ice, right ice, up edge; "
-                                            "6 moves to the goal: down, down, right, down, right, right")   # BFS tries down first
+    assert lake.expert_action() == ("down", "around me: left edge, down ice, right ice, up edge; "   # BFS: down first
+                                            "6 moves to the goal: down, down, right, down, right, right")
     observation = lake.step("right")[0]
     assert observation.endswith("Around you: left ice, down hole, right hole, up edge.")
     assert "Around you" not in envs.make("frozenlake/4x4").reset(0)[0]

@@ -199,6 +199,7 @@ def test_a_call_or_the_json_answer(compiler):
                                            "required": ["answer"]})
     call = '<tool_call>\n{"name": "move", "arguments": {"direction": "left"}}\n</tool_call>'
     assert accepts(compiler, grammar, call) and accepts(compiler, grammar, '{"answer": 4}')
-    for text in ['{"answer": "4"}', "4", f"{call}{call}", '<tool_call>\n{"name": "fly", "arguments": {}}\n</tool_call>']:
+    unknown_tool = '<tool_call>\n{"name": "fly", "arguments": {}}\n</tool_call>'
+    for text in ['{"answer": "4"}', "4", f"{call}{call}", unknown_tool]:
         assert not accepts(compiler, grammar, text), text
     assert accepts(compiler, call_or_json_grammar(TOOLS, None), '{"any": [1]}')

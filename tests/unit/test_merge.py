@@ -34,7 +34,8 @@ def test_max_response_len_forces_a_counted_split():
     assert batch.loss_mask == [[0, 0, 1, 1, 0, 1, 1], [0] * 8 + [1]]
     assert report.splits["length"] == 1 and report.rows == 2 and report.merged == 1
     assert report.mismatches == []
-    assert [(s.row, s.start, s.length, s.next_segment) for s in batch.segments] == [(0, 2, 2, 1), (0, 5, 2, 2), (1, 8, 1, -1)]
+    segments = [(s.row, s.start, s.length, s.next_segment) for s in batch.segments]
+    assert segments == [(0, 2, 2, 1), (0, 5, 2, 2), (1, 8, 1, -1)]
     unlimited, _ = merge_turns([episode])
     assert unlimited.input_ids == [[1, 2, 3, 4, 5, 6, 7, 8, 9]]
 

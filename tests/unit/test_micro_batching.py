@@ -126,7 +126,8 @@ def test_budget_halves_tokens_or_else_rows():
 
 
 @pytest.mark.parametrize(("budget", "device", "expected"), [
-    ("auto", "cpu", MicroBatchBudget(4)), ("null", "cuda", MicroBatchBudget(4)), ("512", "cuda", MicroBatchBudget(4, 512)),
+    ("auto", "cpu", MicroBatchBudget(4)), ("null", "cuda", MicroBatchBudget(4)),
+    ("512", "cuda", MicroBatchBudget(4, 512)),
     ("auto", "cuda", MicroBatchBudget(4, "planned")),
 ])
 def test_a_run_resolves_the_auto_token_budget_on_cuda_only(monkeypatch, budget, device, expected):
@@ -205,7 +206,10 @@ def test_scores_do_not_depend_on_the_packing(policy, data):
                                prompt_values(critic, prompts, 0, one_pass, "cpu"), atol=1e-5, rtol=0)
 
 
-def out_of_memory_above(tokens: int, error=torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5 GiB")):
+CUDA_OUT_OF_MEMORY = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 5 GiB")
+
+
+def out_of_memory_above(tokens: int, error=CUDA_OUT_OF_MEMORY):
     """Fault injection: a loss function that runs out of memory on micro-batches of more than `tokens`
     (rows x width) tokens."""
     def wrap(loss_fn):

@@ -24,7 +24,7 @@ def test_points_are_scaled_into_the_plot_area():
         assert x == pytest.approx(ex, abs=0.05) and y == pytest.approx(ey, abs=0.05)
     labels = re.findall(r'<text class="label"[^>]*>([^<]*)</text>', svg)
     assert labels == ["10", "0", "0", "4", "iteration"]          # y max, y min, x min, x max, x label
-    assert '<circle class="last" cx="{:.1f}" cy="{:.1f}"'.format(right, TOP) in svg
+    assert f'<circle class="last" cx="{right:.1f}" cy="{TOP:.1f}"' in svg
 
 
 def test_a_single_point_or_a_flat_series_is_drawn_in_the_middle():

@@ -44,7 +44,7 @@ def test_random_play_succeeds_under_twenty_percent():
 def test_no_fixed_action_crosses_reliably():
     env = envs.make("river")
     for action in env.actions:
-        rate = sum(play(env, lambda e, o: action, seed)[0] for seed in range(400)) / 400
+        rate = sum(play(env, lambda e, o: action, seed)[0] for seed in range(400)) / 400  # noqa: B023 (played now)
         assert rate < 0.1, (action, rate)
 
 
@@ -62,7 +62,8 @@ def test_observations_by_hand():
     assert obs == "You are on stone 1 of 2.\nThe far bank is to your right." and reward == 0.0 and not terminated
     assert info == {"metrics": {"correct_jump": 1.0}}
     obs, _, _, _, info = env.step("jump left")
-    assert obs == "You fell into the river and swam back to the bank.\nYou are on the bank.\nThe next stone is to your left."
+    assert obs == ("You fell into the river and swam back to the bank.\nYou are on the bank.\n"
+                   "The next stone is to your left.")
     assert info["metrics"] == {"correct_jump": 0.0}
     obs, _, _, _, info = env.step("wait")
     assert info == {"metrics": {}} and env.position == 0

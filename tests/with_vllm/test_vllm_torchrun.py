@@ -22,7 +22,8 @@ from launch import torchrun  # noqa: E402
 
 def test_two_ranks_each_sample_with_their_own_vllm_engine(tmp_path):
     done = torchrun(2, ["-m", "horizonrl", "train", TOY, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true",
-                        "iterations=2", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "critic.warmup_batches=1", "critic.warmup_iters=1",
+                        "iterations=2", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8",
+                        "critic.warmup_batches=1", "critic.warmup_iters=1",
                         "model.warm_start.iterations=1", "model.warm_start.steps=1", f"output_dir={tmp_path}",
                         "--quiet"])
     assert done.returncode == 0, done.stderr[-4000:]

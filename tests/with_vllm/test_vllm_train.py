@@ -22,8 +22,9 @@ from horizonrl.train.loop import train
 
 
 def test_toy_recipe_runs_two_iterations_with_vllm_rollouts(tmp_path, capsys):
-    assert main(["train", TOY, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "iterations=2", "model.warm_start.iterations=1",
-                 "model.warm_start.steps=1", "critic.warmup_batches=1", "rollout.n_env=8", "actor.tis_cap=2.0",
+    assert main(["train", TOY, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "iterations=2",
+                 "model.warm_start.iterations=1", "model.warm_start.steps=1", "critic.warmup_batches=1",
+                 "rollout.n_env=8", "actor.tis_cap=2.0",
                  f"output_dir={tmp_path}", "--quiet"]) == 0
     run_dir = next(tmp_path.iterdir())
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -44,8 +45,9 @@ def test_toy_recipe_runs_two_iterations_with_vllm_rollouts(tmp_path, capsys):
 def test_toy_recipe_trains_asynchronously_with_vllm_rollouts(tmp_path):
     """K = 1: vLLM samples the next batch while the learner updates, taking each update's weights between two
     of its steps; every turn trained at iteration i was sampled by weights version i - 2 or i - 1."""
-    assert main(["train", TOY, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "rollout.async_training.max_staleness=1",
-                 "actor.tis_cap=1.0", "iterations=3", "model.warm_start.iterations=1", "model.warm_start.steps=1",
+    assert main(["train", TOY, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true",
+                 "rollout.async_training.max_staleness=1", "actor.tis_cap=1.0", "iterations=3",
+                 "model.warm_start.iterations=1", "model.warm_start.steps=1",
                  "critic.warmup_batches=1", "rollout.n_env=8", f"output_dir={tmp_path}", "--quiet"]) == 0
     run_dir = next(tmp_path.iterdir())
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -69,8 +71,9 @@ def test_a_vllm_engine_that_keeps_old_weights_stops_the_asynchronous_run_at_that
             first.extend((name, tensor.clone()) for name, tensor in merged(actor))
         return first
     monkeypatch.setattr(loop, "merged_parameters", stale)
-    assert main(["train", TOY, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true", "rollout.async_training.max_staleness=1",
-                 "actor.tis_cap=1.0", "iterations=6", "model.warm_start.iterations=1", "model.warm_start.steps=1",
+    assert main(["train", TOY, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true",
+                 "rollout.async_training.max_staleness=1", "actor.tis_cap=1.0", "iterations=6",
+                 "model.warm_start.iterations=1", "model.warm_start.steps=1",
                  "critic.warmup_batches=1", "rollout.n_env=8", f"output_dir={tmp_path}", "--quiet"]) == 1
     assert ("horizonrl: the vllm engine serves other weights than the learner sent it at weights version 2"
             in capsys.readouterr().err)

@@ -479,15 +479,18 @@ def _join(batches: list[_Batch]) -> _Batch:
         return batches[0]
     cache = next((b.cache for b in batches if b.cache.layers), batches[0].cache)
     for layer, target in enumerate(cache.layers):
-        def stacked(kind: str) -> torch.Tensor:
-            like = getattr(target, kind)
-            return _stack([getattr(b.cache.layers[layer], kind) if b.cache.layers
-                           else like.new_zeros((len(b.requests), like.shape[1], 0, like.shape[3])) for b in batches],
-                          dim=2)
-        target.keys, target.values = stacked("keys"), stacked("values")
+        keys, values = (_stacked_layer(batches, layer, kind, like=getattr(target, kind)) for kind in ("keys", "values"))
+        target.keys, target.values = keys, values
     logits = [b.logits for b in batches]
     return _Batch([r for b in batches for r in b.requests], cache, _stack([b.attention for b in batches], dim=1),
                   None if any(x is None for x in logits) else torch.cat(logits))
+
+
+def _stacked_layer(batches: list[_Batch], layer: int, kind: str, like: torch.Tensor) -> torch.Tensor:
+    """The `kind` ("keys" or "values") of cache layer `layer` of every batch, stacked as `_stack` does (a batch
+    whose cache has no layers brings zero columns shaped as `like`)."""
+    return _stack([getattr(b.cache.layers[layer], kind) if b.cache.layers
+                   else like.new_zeros((len(b.requests), like.shape[1], 0, like.shape[3])) for b in batches], dim=2)
 
 
 def _stack(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:

@@ -178,9 +178,9 @@ class OpenAIServerEngine:
                     "temperature": 1.0, "prompt_logprobs": 0, "return_token_ids": True}
             entries = self._call("POST", f"{self.base_url}/completions", body)["choices"][0].get("prompt_logprobs")
             if not entries:
-                raise EngineError(f"the server at {self.base_url} returns no prompt log-probs (vLLM's prompt_logprobs): "
-                                  "the served-policy check scores rows with them (rollout.sync_check.max_growth: null "
-                                  "turns the check off)")
+                raise EngineError(f"the server at {self.base_url} returns no prompt log-probs (vLLM's "
+                                  "prompt_logprobs): the served-policy check scores rows with them "
+                                  "(rollout.sync_check.max_growth: null turns the check off)")
             tail = entries[-len(row.response_ids):]
             scored.append([entry[str(token)]["logprob"] for entry, token in zip(tail, row.response_ids)])
         return scored

@@ -71,7 +71,8 @@ REGISTRY: dict[str, EnvSpec] = {
     "babyai/open": _babyai("open", "BabyAI: open a door"),
     "babyai/pick_up_seq_go_to": _babyai("pick_up_seq_go_to", "BabyAI: pick up an object, then go to another"),
     "babyai/putnext": _babyai("putnext", "BabyAI: put an object next to another"),
-    "babaisai/goto_win-distr_obj": _babaisai("goto_win-distr_obj", "BabaIsAI: walk to the WIN object past a distractor"),
+    "babaisai/goto_win-distr_obj": _babaisai("goto_win-distr_obj",
+                                             "BabaIsAI: walk to the WIN object past a distractor"),
     "babaisai/two_room-goto_win": _babaisai("two_room-goto_win", "BabaIsAI: reach the WIN object in the other room"),
     "babaisai/two_room-goto_win-distr_obj_rule": _babaisai(
         "two_room-goto_win-distr_obj_rule", "BabaIsAI: two rooms, a distractor object and a distractor rule"),
@@ -146,4 +147,5 @@ def make(env_id: str, **kwargs) -> TextEnv:
     return factory(env_id)(**{**spec(env_id).kwargs, **kwargs})
 
 
-__all__ = ["EnvSpec", "GameData", "Instruction", "REGISTRY", "TextEnv", "check_kwargs", "factory", "make", "register", "spec"]
+__all__ = ["EnvSpec", "GameData", "Instruction", "REGISTRY", "TextEnv", "check_kwargs", "factory", "make", "register",
+           "spec"]

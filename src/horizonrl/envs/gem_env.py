@@ -157,7 +157,7 @@ class GemGame:
 
     @property
     def actions(self) -> list[str]:
-        self.unwrapped                  # makes the game and its action list
+        _ = self.unwrapped              # makes the game and its action list
         return self._actions
 
     @property

@@ -97,7 +97,8 @@ def check_compatible(tokenizer, model, name: str) -> None:
     rather than an index error deep inside a forward pass."""
     vocab = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > vocab:
-        raise ConfigError(f"model.path: {name}: tokenizer has {len(tokenizer)} tokens but the model embeds only {vocab}")
+        raise ConfigError(f"model.path: {name}: tokenizer has {len(tokenizer)} tokens but the model embeds only "
+                          f"{vocab}")
     if not tokenizer.chat_template:
         raise ConfigError(f"model.path: {name}: tokenizer has no chat template; horizonrl builds prompts with "
                           "apply_chat_template")

@@ -63,7 +63,8 @@ def series(records: list[dict], key: str, algorithm: str) -> tuple[list[float], 
 
 def task_plots(metrics: list[dict]) -> list[tuple[str, str]]:
     """(title, key) of the per-task success rates of a multi-task run (report/metrics.task_success)."""
-    keys = sorted({k for r in metrics for k in r if k.startswith("env/") and k.endswith("/success_rate")} - {PLOTS[0][1]})
+    rates = {k for r in metrics for k in r if k.startswith("env/") and k.endswith("/success_rate")}
+    keys = sorted(rates - {PLOTS[0][1]})
     return [(f"success rate: {key.removeprefix('env/').removesuffix('/success_rate')}", key) for key in keys]
 
 

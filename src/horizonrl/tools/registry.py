@@ -18,9 +18,9 @@ import inspect
 import re
 import sys
 import typing
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable
 
 import yaml
 

@@ -87,8 +87,9 @@ class SyncCheck:
                 f"{drift:.4g}). The weight sync did not reach the engine whole (a stale or partial sync: check that "
                 "every weight, LoRA adapters included, reaches it). rollout.sync_check.max_growth: null turns this "
                 "check off.")
-        return {"rollout/sync_probe_gap": gap, "rollout/sync_probe_floor": self.floor, "rollout/sync_probe_drift": drift,
-                "rollout/sync_probe_limit": limit, "timing/sync_probe_s": time.perf_counter() - started}
+        return {"rollout/sync_probe_gap": gap, "rollout/sync_probe_floor": self.floor,
+                "rollout/sync_probe_drift": drift, "rollout/sync_probe_limit": limit,
+                "timing/sync_probe_s": time.perf_counter() - started}
 
     def state_dict(self) -> dict:
         """The rows, the floor and the learner's last scores, JSON-able (all None before `start`)."""
