@@ -11,7 +11,7 @@ Five pieces (no vLLM on the lent machines: rollout.engine=hf throughout):
 3. two iterations of the real trainer on that model, as `horizonrl train configs/toy.yaml` under
    `torchrun --nproc_per_node 1` runs them (the launch `horizonrl plan --gpus 1` models: FSDP2 on one
    rank; hf engine, river env, PPO with actor, critic and reference): `train.context.start_run`, then
-   `train.loop.ppo_iteration`, once as a full fine-tune and once with `model.lora={r: 16}`, each in its
+   `train.ppo.ppo_iteration`, once as a full fine-tune and once with `model.lora={r: 16}`, each in its
    own process. Its peak memory is set against `horizonrl.plan.plan(cfg, gpus=1)` with the plan's row
    length S set to the longest row the run trained on (the planner's own estimate of S is for long
    multi-turn prompts);
@@ -310,13 +310,13 @@ def worker(args) -> None:
     from horizonrl.learner.device import precision
     from horizonrl.learner.distributed import start_ranks, stop_ranks
     from horizonrl.plan import plan
-    from horizonrl.train import loop
+    from horizonrl.train import ppo
     from horizonrl.train.checkpoint import StopSignals
     from horizonrl.train.context import start_run
 
     cfg = load_config(TOY, args.overrides)
     updates = []
-    minibatch_updates = loop.minibatch_updates
+    minibatch_updates = ppo.minibatch_updates
 
     def timed_updates(data, mini_batch_size, budget, epochs, generator, steps, ranks):
         """The trainer's own update (critic and actor), timed, with the tokens it trains on."""
@@ -342,7 +342,7 @@ def worker(args) -> None:
         table = profiler.key_averages().table(sort_by=order, row_limit=40, max_name_column_width=60)
         Path(args.profile).write_text(table)
 
-    loop.minibatch_updates = timed_updates          # ppo_iteration looks it up in its module at each call
+    ppo.minibatch_updates = timed_updates          # ppo_iteration looks it up in its module at each call
     with precision(cfg.precision):                  # as train.loop.train does
         ranks, device = start_ranks(cfg.dist, cfg.device)
         if device.type == "cpu":
@@ -362,12 +362,12 @@ def worker(args) -> None:
             with ctx.metrics, contextlib.closing(ctx.engine), contextlib.closing(ctx.collector):
                 for i in range(1, args.iterations + 1):
                     started = time.perf_counter()
-                    records.append(loop.ppo_iteration(ctx, i))
+                    records.append(ppo.ppo_iteration(ctx, i))
                     iteration_s.append(time.perf_counter() - started)
                 peak = memory.peak()
                 if args.profile:                    # one more iteration, its update profiled (not timed)
-                    loop.minibatch_updates = profiled_updates
-                    loop.ppo_iteration(ctx, args.iterations + 1)
+                    ppo.minibatch_updates = profiled_updates
+                    ppo.ppo_iteration(ctx, args.iterations + 1)
             budget = ctx.micro_batch_budget
         for env in envs:
             env.close()

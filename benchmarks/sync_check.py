@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from horizonrl.cli import main
-from horizonrl.train import loop
+from horizonrl.train import phases
 
 TOY = ["configs/toy.yaml", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.epochs=1",
        "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20",
@@ -40,8 +40,8 @@ BREAKAGES = {"none": None, "missing-from-1": (1, lambda name: False),
 
 
 def broken_syncs(first_broken: int, kept):
-    """loop.merged_parameters with only the tensors `kept` says of sync `first_broken` and those after it."""
-    merged, syncs = loop.merged_parameters, [0]
+    """phases.merged_parameters with only the tensors `kept` says of sync `first_broken` and those after it."""
+    merged, syncs = phases.merged_parameters, [0]
 
     def sync(actor):
         syncs[0] += 1
@@ -50,16 +50,16 @@ def broken_syncs(first_broken: int, kept):
 
 
 def run(mode: str, breakage: str, precision: str) -> dict:
-    merged = loop.merged_parameters
+    merged = phases.merged_parameters
     if BREAKAGES[breakage] is not None:
-        loop.merged_parameters = broken_syncs(*BREAKAGES[breakage])
+        phases.merged_parameters = broken_syncs(*BREAKAGES[breakage])
     try:
         with tempfile.TemporaryDirectory() as out, contextlib.redirect_stderr(io.StringIO()) as err:
             code = main(["train", *TOY, *MODES[mode], f"precision={precision}", f"output_dir={out}", "--quiet"])
             (folder,) = Path(out).iterdir()
             records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     finally:
-        loop.merged_parameters = merged
+        phases.merged_parameters = merged
     if code not in (0, 1) or (code == 1 and "serves other weights" not in err.getvalue()):
         raise RuntimeError(f"{mode} {breakage} {precision}: exit code {code}\n{err.getvalue()[-2000:]}")
     synced = records[1:]                        # after the critic warmup, every iteration ends with a sync

@@ -6,7 +6,7 @@ tokens, in the same process; prints one JSON object.
 
 The batch: `rows` rows of about `tokens` tokens (lengths uniform in tokens * (1 +- spread), random ids), the
 last `sampled` of each in the loss mask, with old log-probs, advantages, old values and returns as a PPO
-batch has them. The update: `learner.update.minibatch_updates` as train/loop.ppo_iteration calls it (the
+batch has them. The update: `learner.update.minibatch_updates` as train/ppo.ppo_iteration calls it (the
 critic's clipped value loss, then the actor's PPO loss; one epoch, the whole batch one mini-batch, in
 micro-batches of `micro_batch_size` rows, by default one; AdamW steps). The ceiling: for the actor,
 model(input_ids).logits -> log_softmax -> gather the sampled tokens -> masked mean -> backward; for the

@@ -10,9 +10,9 @@ a reward per completion (the fraction of even token ids in it); GRPO advantages;
 clipped surrogate over the 64 completions, beta = 0 (no reference), one epoch of one mini-batch; fp32 on
 the CPU, one thread.
 
-horizonrl: the phases of train/loop.group_iteration, through the library's own functions: the hf engine
+horizonrl: the phases of train/group.group_iteration, through the library's own functions: the hf engine
 sampling from the actor itself (`generate_batch`: the decode loop the collector's requests share), then
-`loop.score` (rows, and the networks `needed_scores` asks for: none here, the update's own forward is the
+`phases.score` (rows, and the networks `needed_scores` asks for: none here, the update's own forward is the
 old policy), `group_advantages_to_tokens`, `minibatch_updates` with the run's actor loss. The collector's
 agent plumbing (prompt building, action parsing) is left out: TRL has none either.
 
@@ -53,9 +53,9 @@ from horizonrl.learner.device import autocast_dtype
 from horizonrl.learner.models import frozen_copy, load_policy, pad_token_id, resolve_model_path, stop_ids
 from horizonrl.learner.update import Stats, minibatch_updates
 from horizonrl.records import Episode, Turn
-from horizonrl.train.batch import group_advantages_to_tokens
 from horizonrl.train.context import RunContext
-from horizonrl.train.loop import Stopwatch, score, sync_engine
+from horizonrl.train.group import group_advantages_to_tokens
+from horizonrl.train.phases import Stopwatch, score, sync_engine
 from horizonrl.train.sync_check import SyncCheck
 
 TINY = Path(resolve_model_path("builtin:babyai-tiny"))

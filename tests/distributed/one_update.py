@@ -30,7 +30,8 @@ from horizonrl.learner.distributed import start_ranks, stop_ranks
 from horizonrl.learner.lora import merged_parameters
 from horizonrl.train.checkpoint import StopSignals
 from horizonrl.train.context import start_run
-from horizonrl.train.loop import group_iteration, ppo_iteration
+from horizonrl.train.group import group_iteration
+from horizonrl.train.ppo import ppo_iteration
 
 
 class HashedPolicy(ScriptedEngine):

@@ -30,7 +30,7 @@ from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.records import Turn
-from horizonrl.train import loop
+from horizonrl.train import phases, ppo
 from horizonrl.train.checkpoint import StopSignals
 from horizonrl.train.context import start_run
 
@@ -47,7 +47,7 @@ envs.register("producer-steps-river", "flaky_envs:ProducerStepsRiver", "a River 
 def trained_versions(monkeypatch):
     """iteration -> (the engine's version when the batch is scored, the weights version of every trained turn)."""
     seen, iteration = {}, [None]
-    iterate, score = loop.ppo_iteration, loop.score
+    iterate, score = ppo.ppo_iteration, phases.score
 
     def ppo_iteration(ctx, i):
         iteration[0] = i
@@ -59,8 +59,8 @@ def trained_versions(monkeypatch):
                                   [t.info["weights_version"] for e in episodes for t in e.turns])
         return score(ctx, episodes, critic, updates_actor)
 
-    monkeypatch.setattr(loop, "ppo_iteration", ppo_iteration)
-    monkeypatch.setattr(loop, "score", scored)
+    monkeypatch.setattr(ppo, "ppo_iteration", ppo_iteration)
+    monkeypatch.setattr(phases, "score", scored)
     return seen
 
 
@@ -75,7 +75,7 @@ def learner_waits_for_the_producer_to_run_ahead(monkeypatch, steps_file: Path, m
     policy that trains it, so the bound is reached however fast the update is next to a batch. (The wait's 60 s
     bound only turns a producer that does not run ahead into a failure.)"""
     runs: list[list] = []        # [collector, producer steps logged before its first batch, batches taken]
-    collect_turns, sync_engine = loop.collect_turns, loop.sync_engine
+    collect_turns, sync_engine = ppo.collect_turns, phases.sync_engine
 
     def steps() -> int:
         return len(steps_file.read_text().splitlines()) if steps_file.exists() else 0
@@ -95,8 +95,8 @@ def learner_waits_for_the_producer_to_run_ahead(monkeypatch, steps_file: Path, m
             time.sleep(0.01)
         return sync_engine(ctx)
 
-    monkeypatch.setattr(loop, "collect_turns", counted_collect_turns)
-    monkeypatch.setattr(loop, "sync_engine", sync_once_ahead)
+    monkeypatch.setattr(ppo, "collect_turns", counted_collect_turns)
+    monkeypatch.setattr(phases, "sync_engine", sync_once_ahead)
     return ["env.id=producer-steps-river", f"env.kwargs.steps_file={steps_file}"]
 
 

@@ -1,4 +1,4 @@
-"""Runs whose iterations skip the scoring passes no term reads (train/loop.needed_scores) still log the
+"""Runs whose iterations skip the scoring passes no term reads (train/phases.needed_scores) still log the
 statistics of the learner's old log-probs, now measured in the update, and still write their report.
 
 grpo, one optimizer step per iteration, no KL: no reference pass and no old-log-prob pass; the update's

@@ -10,7 +10,8 @@ from horizonrl.config import PPOConfig
 from horizonrl.records import Episode, Turn
 from horizonrl.samples import TurnIndex, per_turn, row_tensors
 from horizonrl.samples.merge import merge_turns, write_mismatches
-from horizonrl.train.batch import PPOBatch, estimate_advantages
+from horizonrl.train.batch import PPOBatch
+from horizonrl.train.ppo import estimate_advantages
 
 IM_END = 151645
 

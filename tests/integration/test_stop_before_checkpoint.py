@@ -18,7 +18,7 @@ import time
 import pytest
 
 from horizonrl.config import SOURCE_CONFIGS, load_config
-from horizonrl.train import warmup
+from horizonrl.train import ppo
 from horizonrl.train.checkpoint import StoppedBeforeCheckpoint, StopSignals
 from horizonrl.train.loop import train
 
@@ -102,7 +102,7 @@ def test_sigterm_in_the_critic_warmup_ends_it_within_seconds_with_no_checkpoint(
         "model.warm_start.steps=20", "model.warm_start.iterations=1", "rollout.n_env=4", "ppo.e_len=4",
         "optim.mini_batch_size=8", "critic.warmup_batches=2", "critic.warmup_iters=300", "iterations=1",
         "device=cpu", f"output_dir={tmp_path}"])
-    scored, score_batch = [], warmup.score_batch
+    scored, score_batch = [], ppo.score_batch
 
     def signalling_score_batch(*args, **kwargs):
         scored.append(1)
@@ -110,7 +110,7 @@ def test_sigterm_in_the_critic_warmup_ends_it_within_seconds_with_no_checkpoint(
             os.kill(os.getpid(), signal.SIGTERM)
         return score_batch(*args, **kwargs)
 
-    monkeypatch.setattr(warmup, "score_batch", signalling_score_batch)
+    monkeypatch.setattr(ppo, "score_batch", signalling_score_batch)
     with pytest.raises(StoppedBeforeCheckpoint) as stopped:
         train(cfg, progress=False)
     assert len(scored) == 3                                      # stopped at the next check

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from horizonrl.cli import main
-from horizonrl.train import loop
+from horizonrl.train import phases
 
 TOY = ["configs/toy.yaml", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.epochs=1",
        "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20",
@@ -20,7 +20,7 @@ LORA = ["model.lora={r: 4, alpha: 8}"]
 
 def broken_from(first_broken: int, kept=lambda name: False):
     """merged_parameters with only the tensors `kept` says of the `first_broken`-th sync and those after it."""
-    merged, syncs = loop.merged_parameters, [0]
+    merged, syncs = phases.merged_parameters, [0]
 
     def sync(actor):
         syncs[0] += 1
@@ -40,7 +40,7 @@ def records_of(folder) -> list[dict]:
 ], ids=["thread-K1-none", "process-K1-none", "lora-K0-no-mlp"])
 def test_an_engine_that_misses_a_sync_stops_the_run_at_that_sync(options, first_broken, kept, tmp_path, monkeypatch,
                                                                   capsys):
-    monkeypatch.setattr(loop, "merged_parameters", broken_from(first_broken, kept))
+    monkeypatch.setattr(phases, "merged_parameters", broken_from(first_broken, kept))
     assert main(["train", *TOY, *options, "iterations=12", f"output_dir={tmp_path}", "--quiet"]) == 1
     error = capsys.readouterr().err
     assert (f"horizonrl: the hf engine serves other weights than the learner sent it at weights version "

@@ -14,7 +14,8 @@ from horizonrl.config import PPOConfig
 from horizonrl.records import Episode, Turn
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.samples.tensors import TurnIndex, row_tensors
-from horizonrl.train.batch import PPOBatch, estimate_advantages
+from horizonrl.train.batch import PPOBatch
+from horizonrl.train.ppo import estimate_advantages
 
 torch.set_num_threads(1)
 

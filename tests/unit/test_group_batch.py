@@ -16,7 +16,8 @@ from horizonrl.samples.merge import merge_turns
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.samples.tensors import TurnIndex, row_tensors
 from horizonrl.config import GiGPOConfig
-from horizonrl.train.batch import PPOBatch, gigpo_advantages_to_tokens, group_advantages_to_tokens
+from horizonrl.train.batch import PPOBatch
+from horizonrl.train.group import gigpo_advantages_to_tokens, group_advantages_to_tokens
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""Networks that score the rows only when a term reads their scores (train/loop.needed_scores).
+"""Networks that score the rows only when a term reads their scores (train/phases.needed_scores).
 
 An update of one optimizer step needs no scored logp_old: its own forward, detached, is the old policy
 (learner/update.actor_loss_fn). At that step rho = 1, so the gradient of the PPO loss with TIS weights
@@ -21,7 +21,7 @@ from horizonrl.learner.models import load_policy
 from horizonrl.learner.scoring import score
 from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates
 from horizonrl.records import Episode, Turn
-from horizonrl.train import loop
+from horizonrl.train import phases
 
 LENGTHS = [23, 9, 17, 30, 12, 26]       # rows of prompt + response, responses the last 8 tokens
 SAMPLED, TIS_CAP = 8, 1.5
@@ -145,9 +145,9 @@ def test_a_network_scores_the_rows_only_when_a_term_reads_them(tiny, tmp_path, c
         model.model.register_forward_pre_hook(lambda *_, name=name: passes.__setitem__(name, passes[name] + 1))
     cfg = TrainConfig(**config)
     ctx = SimpleNamespace(cfg=cfg, actor=actor, reference=reference, pad_id=0, device=torch.device("cpu"),
-                          tokenizer=tokenizer, run_dir=tmp_path, ranks=loop.LOCAL, engine=UNSYNCED,
+                          tokenizer=tokenizer, run_dir=tmp_path, ranks=phases.LOCAL, engine=UNSYNCED,
                           micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size))
-    batch = loop.score(ctx, episodes(ROWS), critic=None)
+    batch = phases.score(ctx, episodes(ROWS), critic=None)
     assert passes == {"actor": actor_passes, "reference": reference_passes}
     assert ("logp_old" in batch.data, "logp_ref" in batch.data) == (actor_passes > 0, reference_passes > 0)
 
@@ -156,7 +156,7 @@ def test_the_critic_warmup_batches_are_scored_by_no_policy_without_a_kl_in_the_r
     tokenizer, policy = tiny
     cfg = TrainConfig(**with_(PPO, optim__epochs=2))
     ctx = SimpleNamespace(cfg=cfg, actor=policy, reference=policy, pad_id=0, device=torch.device("cpu"),
-                          tokenizer=tokenizer, run_dir=tmp_path, ranks=loop.LOCAL, engine=UNSYNCED,
+                          tokenizer=tokenizer, run_dir=tmp_path, ranks=phases.LOCAL, engine=UNSYNCED,
                           micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size))
-    batch = loop.score(ctx, episodes(ROWS), critic=None, updates_actor=False)
+    batch = phases.score(ctx, episodes(ROWS), critic=None, updates_actor=False)
     assert not {"logp_old", "logp_ref"} & batch.data.keys()

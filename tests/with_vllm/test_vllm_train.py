@@ -17,7 +17,7 @@ from learning.test_toy_learns import TOY, pooled_success
 from horizonrl.cli import main
 from horizonrl.config import ConfigError, load_config
 from horizonrl.report.metrics import read_metrics
-from horizonrl.train import loop
+from horizonrl.train import phases
 from horizonrl.train.loop import train
 
 
@@ -64,13 +64,13 @@ def test_a_vllm_engine_that_keeps_old_weights_stops_the_asynchronous_run_at_that
     """K = 1: from the second sync on the engine is sent the first sync's weights again (a stale sync: vLLM reloads,
     the version moves on, the weights do not). The served-policy check stops the run at that sync, iteration 2,
     though every batch trained was sampled ahead by older weights (train/sync_check.py)."""
-    merged, first = loop.merged_parameters, []
+    merged, first = phases.merged_parameters, []
 
     def stale(actor):
         if not first:
             first.extend((name, tensor.clone()) for name, tensor in merged(actor))
         return first
-    monkeypatch.setattr(loop, "merged_parameters", stale)
+    monkeypatch.setattr(phases, "merged_parameters", stale)
     assert main(["train", TOY, "rollout.engine=vllm", "rollout.vllm.enforce_eager=true",
                  "rollout.async_training.max_staleness=1", "actor.tis_cap=1.0", "iterations=6",
                  "model.warm_start.iterations=1", "model.warm_start.steps=1",

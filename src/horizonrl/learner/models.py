@@ -127,7 +127,7 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 def engine_copy(actor: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
     """The whole policy an hf engine samples from when it cannot share the actor (a LoRA or a sharded run),
-    in `dtype` on `device`, refreshed after every update (train/loop.sync_engine). Allocated empty, then
+    in `dtype` on `device`, refreshed after every update (train/phases.sync_engine). Allocated empty, then
     filled one whole tensor at a time from `actor` (plain, PEFT-wrapped or FSDP2-sharded: under torchrun
     every rank calls, in the same order), adapters merged (learner/lora.merged_parameters)."""
     base = actor.get_base_model() if hasattr(actor, "get_base_model") else actor

@@ -6,7 +6,7 @@ Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where l
     sampled_by_current                        1 on the tokens of turns the weights being trained sampled (when
                                               every turn has its weights version and `prepare` is given it)
     logp_old, entropy, logp_ref, values_old   from the networks score_batch is given (the others are absent)
-    advantages, returns                       from estimate_advantages()
+    advantages, returns                       from the family's advantages (train/ppo.py, train/group.py)
 `bootstrap_values` [B] holds V(s_{T+1}) of each bootstrap prompt (empty without a critic).
 """
 
@@ -18,12 +18,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from horizonrl.algos.advantages import dual_discount_gae, whiten
-from horizonrl.algos.gigpo import anchor_group_sizes, gigpo_advantages
-from horizonrl.algos.group import broadcast_to_tokens, group_advantages
-from horizonrl.algos.kl import kl_in_reward
 from horizonrl.algos.losses import explained_variance
-from horizonrl.config import GiGPOConfig, MergeConfig, MicroBatchBudget, PPOConfig
+from horizonrl.config import MergeConfig, MicroBatchBudget
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.scoring import prompt_values, score
 from horizonrl.records import Episode, SampleBatch
@@ -111,85 +107,6 @@ def turn_layout(values: list[list[float]], mask: Tensor) -> Tensor:
         length = int(mask[n].sum())
         out[n, :length] = torch.tensor(turn_values[:length], dtype=out.dtype)
     return out
-
-
-def estimate_advantages(batch: PPOBatch, ppo: PPOConfig, ranks: Ranks = LOCAL) -> None:
-    """Token rewards (env reward on each turn's last token, -kl_coef * KL on every token: with kl_coef 0,
-    the batch needs no logp_old nor logp_ref) and dual-discount GAE in the turn layout; advantages and
-    returns stored back in the row layout. Each rank's streams are whole, so GAE is local; whitening uses
-    every rank's tokens."""
-    segments, index, data = batch.samples.segments, batch.index, batch.data
-    device = index.mask.device
-    token_rewards = (kl_in_reward(index.to_turns(data["logp_old"]), index.to_turns(data["logp_ref"]), index.mask,
-                                  ppo.kl_coef, ppo.kl_estimator) if ppo.kl_coef else torch.zeros_like(index.mask))
-    last = index.mask.sum(dim=1).long() - 1
-    token_rewards[torch.arange(len(segments), device=device), last] += torch.tensor(
-        [s.reward for s in segments], device=device)
-    bootstrap = torch.tensor([s.bootstrap for s in segments], device=device)
-    padded = torch.cat([batch.bootstrap_values, torch.zeros(1, device=device)])  # index -1 -> 0.0
-    advantages, returns = dual_discount_gae(
-        token_rewards, index.to_turns(data["values_old"]), index.mask,
-        episode_end=torch.tensor([s.episode_end for s in segments], device=device),
-        next_row=torch.tensor([s.next_segment for s in segments], device=device),
-        bootstrap_value=padded[bootstrap],
-        gamma_step=ppo.gamma_step, lambda_step=ppo.lambda_step,
-        gamma_token=ppo.gamma_token, lambda_token=ppo.lambda_token)
-    if ppo.whiten_advantages:
-        advantages = whiten(advantages, index.mask, total=ranks.sum_tensor)
-    shape = data["input_ids"].shape
-    data["advantages"] = index.to_rows(advantages, shape)
-    data["returns"] = index.to_rows(returns, shape)
-
-
-def group_advantages_to_tokens(batch: PPOBatch, estimator: str, ranks: Ranks = LOCAL) -> None:
-    """Outcome advantages of whole episodes (`group_advantages` over their `outcome_reward`, grouped by
-    `group_id`, over every rank's episodes: a group lives on one rank, REINFORCE++ whitens over the
-    whole batch), broadcast over every sampled token of each episode's rows, stored in `data`."""
-    device = batch.data["loss_mask"].device
-    shares = ranks.gather([(e.outcome_reward, e.group_id) for e in batch.episodes])
-    everyone = [pair for share in shares for pair in share]
-    groups = {g: i for i, g in enumerate(dict.fromkeys(g for _, g in everyone))}
-    rewards = torch.tensor([r for r, _ in everyone], dtype=torch.float32, device=device)
-    group_index = torch.tensor([groups[g] for _, g in everyone], dtype=torch.long, device=device)
-    mine = slice(sum(len(share) for share in shares[:ranks.rank]), None)
-    advantages = group_advantages(rewards, group_index, estimator)[mine][:len(batch.episodes)]
-    rewards = rewards[mine][:len(batch.episodes)]
-    row_episode = torch.zeros(len(batch.samples.input_ids), dtype=torch.long, device=device)
-    segment = 0
-    for episode_index, episode in enumerate(batch.episodes):       # segments are in episode order
-        for _ in episode.turns:
-            row_episode[batch.samples.segments[segment].row] = episode_index
-            segment += 1
-    batch.data["advantages"] = broadcast_to_tokens(advantages, row_episode, batch.data["loss_mask"])
-    batch.data["returns"] = broadcast_to_tokens(rewards, row_episode, batch.data["loss_mask"])
-
-
-def gigpo_advantages_to_tokens(batch: PPOBatch, gigpo: GiGPOConfig, ranks: Ranks = LOCAL) -> dict[str, float]:
-    """GiGPO's advantage of each turn (`gigpo_advantages`: the episode's outcome reward normalised in its
-    group, plus the turn's discounted return normalised over its anchor group, the group's turns from the
-    same env state) on every sampled token of the turn, stored in `data` with the outcome reward as the
-    return. A group and its anchor groups live on one rank, so this is local; the anchor statistics
-    returned cover every rank."""
-    device = batch.data["loss_mask"].device
-    groups: dict[str | None, int] = {}
-    episode_group = [groups.setdefault(e.group_id, len(groups)) for e in batch.episodes]
-    turns = [(n, t) for n, e in enumerate(batch.episodes) for t in e.turns]     # in the segments' order
-    if any(t.state_key is None for _, t in turns):
-        raise ValueError("gigpo needs every turn's state_key (TextEnv.state_key()); some turns have none")
-    step_episode = [n for n, _ in turns]
-    step_state = [t.state_key for _, t in turns]
-    rewards = torch.tensor([e.outcome_reward for e in batch.episodes], dtype=torch.float32, device=device)
-    advantages = gigpo_advantages(rewards, torch.tensor(episode_group, dtype=torch.long, device=device),
-                                  torch.tensor([t.reward for _, t in turns], dtype=torch.float32, device=device),
-                                  torch.tensor(step_episode, dtype=torch.long, device=device), step_state,
-                                  gigpo.gamma, gigpo.step_weight, gigpo.norm)
-    shape, index = batch.data["input_ids"].shape, batch.index
-    batch.data["advantages"] = index.to_rows(advantages[:, None] * index.mask, shape)
-    batch.data["returns"] = index.to_rows(rewards[step_episode][:, None] * index.mask, shape)
-    sizes = anchor_group_sizes(episode_group, step_episode, step_state)
-    size_sum, steps, anchored = ranks.sum([sum(sizes), len(sizes), sum(size > 1 for size in sizes)])
-    return {"gigpo/anchor_group_size_mean": size_sum / max(steps, 1),
-            "gigpo/anchored_step_frac": anchored / max(steps, 1)}
 
 
 def sampled_tokens(batches: list[PPOBatch], key: str) -> Tensor:

@@ -63,7 +63,7 @@ class RunContext:
     `first_iteration` is where the run starts: 0 (the critic warmup), 1, or after a resumed checkpoint.
     `ranks`: this process among the run's processes (torchrun); `metrics` is None except on rank 0.
     `micro_batch_budget`: what one forward/backward pass of the learner may hold (`micro_batch_budget`).
-    `splits_explained`: the run was told why its merged rows split (train/loop.py explain_splits).
+    `splits_explained`: the run was told why its merged rows split (train/phases.py explain_splits).
     `sharing`: with optim.shared_prefix, each network body's prefix sharing and its counts.
     `sync_check`: the served-policy check after each weight sync (train/sync_check.py)."""
 
