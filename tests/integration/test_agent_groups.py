@@ -432,7 +432,7 @@ def test_a_run_whose_merged_rows_mostly_split_is_told_why_once(tmp_path, caplog)
     (run,) = tmp_path.iterdir()
     records = read_metrics(run / "metrics.jsonl")
     assert all(r["data/merge/split_other"] > r["data/merge/merged"] for r in records), records
-    (told,) = [r.getMessage() for r in caplog.records if r.name == "horizonrl.train.loop"]
+    (told,) = [r.getMessage() for r in caplog.records if r.name == "horizonrl.train.phases"]
     split = sum(records[0][f"data/merge/split_{name}"] for name in ("template", "retoken", "other", "length"))
     assert told.startswith(f"iteration 1: {split} of the {split + records[0]['data/merge/merged']} turns that could "
                            f"have merged into their episode's row started a row of their own, "
