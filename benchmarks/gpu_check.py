@@ -362,7 +362,7 @@ def worker(args) -> None:
             with ctx.metrics, contextlib.closing(ctx.engine), contextlib.closing(ctx.collector):
                 for i in range(1, args.iterations + 1):
                     started = time.perf_counter()
-                    records.append(ppo.ppo_iteration(ctx, i))
+                    records.append(ppo.ppo_iteration(ctx, i).record)
                     iteration_s.append(time.perf_counter() - started)
                 peak = memory.peak()
                 if args.profile:                    # one more iteration, its update profiled (not timed)

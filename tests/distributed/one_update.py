@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from horizonrl.algos.registry import Batches
 from horizonrl.config import load_config
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine, scripted_generation
@@ -55,7 +56,8 @@ def main(config: str, out: str, overrides: list[str]) -> None:
     with StopSignals() as signals:
         ctx = start_run(cfg, envs, signals, None, ranks, device)
     ctx.collector.engine = HashedPolicy(ctx.tokenizer, list(envs[0].actions))
-    record = (ppo_iteration if cfg.algorithm == "ppo" else group_iteration)(ctx, 1)
+    iterate = {Batches.STREAMS: ppo_iteration, Batches.GROUPS: group_iteration}[cfg.algorithm_spec.batches]
+    record = iterate(ctx, 1).record
     state = {name: tensor.clone() for name, tensor in merged_parameters(ctx.actor)}   # adapters merged
     if ranks.is_main:
         save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight"}, out)

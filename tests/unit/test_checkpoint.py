@@ -6,8 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from horizonrl.config import SOURCE_CONFIGS, dump, load_config
-from horizonrl.train.checkpoint import (CHECKPOINTS, DCP_FOLDER, atomic_folder, keep_records_through, prepare_resume,
-                                        resume_config)
+from horizonrl.train.checkpoint import (CHECKPOINTS, DCP_FOLDER, Checkpointer, StopSignals, atomic_folder,
+                                        keep_records_through, prepare_resume, resume_config)
 
 
 def test_a_failed_write_leaves_the_old_folder_and_no_temporary_one(tmp_path):
@@ -66,3 +66,24 @@ def test_rank_0_records_the_resume_overrides_once_the_checkpoint_is_found(tmp_pa
     with pytest.raises(ValueError, match="past iterations=0"):
         prepare_resume(run, too_few)
     assert load_config(run / "config.yaml", run_folder=True).iterations == 3   # a refused resume changes nothing
+
+
+class SavedIterations:
+    """A TrainingState that records which iterations it was saved after."""
+
+    def __init__(self):
+        self.saved = []
+
+    def save(self, run_dir, iteration):
+        self.saved.append(iteration)
+        return run_dir / f"iter_{iteration}"
+
+
+@pytest.mark.parametrize("save_every,saved", [(3, [3, 6, 7]), (0, [7]), (1, [1, 2, 3, 4, 5, 6, 7])])
+def test_a_checkpoint_on_schedule_and_after_the_iteration_that_ends_the_run(tmp_path, save_every, saved):
+    """The checkpointer saves and says where; which iteration ends the run (here 7) is the loop's to say."""
+    state = SavedIterations()
+    checkpointer = Checkpointer(tmp_path, state, load_config(None, [f"save_every={save_every}"]), StopSignals())
+    folders = [checkpointer.save_if_due(i, ends_run=i == 7) for i in range(0, 8)]
+    assert state.saved == saved
+    assert [f.name for f in folders if f is not None] == [f"iter_{i}" for i in saved]

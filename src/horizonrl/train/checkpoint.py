@@ -364,26 +364,21 @@ class StopSignals:
 
 
 class Checkpointer:
-    """When to save the TrainingState: after every `save_every`-th iteration (0: never on a schedule),
-    after the run's last iteration (the last of `iterations`, or the one that spent the budget), and at
-    the first iteration boundary after a stop signal, which then ends the run with TrainingStopped. Call
-    `iteration_done` once the iteration's records are written and the engine has the new weights."""
+    """When to save the TrainingState: after every `save_every`-th iteration (0: never on a schedule) and after
+    the iteration that ends the run (the loop says which: the last of `iterations`, the one that spent the
+    budget, the first boundary after a stop signal). It saves and says where; it stops nothing (the loop does).
+    `signals`: the run's stop signals, which the phases before the first checkpoint check."""
 
     def __init__(self, run_dir: Path, state: TrainingState, cfg: TrainConfig, signals: StopSignals):
-        self.run_dir, self.state, self.signals = run_dir, state, signals
-        self.save_every, self.last, self.budget = cfg.save_every, cfg.iterations, cfg.budget
+        self.run_dir, self.state, self.signals, self.save_every = run_dir, state, signals, cfg.save_every
 
-    def iteration_done(self, iteration: int) -> bool:
-        """True when the budget is spent and the run ends here. Under torchrun a signal to any rank, or
-        a budget spent by any rank's clock, stops every rank at the same boundary."""
-        signum = self.state.ranks.max(self.signals.signum or 0)
-        spent = self.state.ranks.max(int(self.state.progress.spent(self.budget)))
+    def save_if_due(self, iteration: int, ends_run: bool) -> Path | None:
+        """The checkpoint folder saved after `iteration` (its records written, the engine holding the new
+        weights), or None when none was due."""
         scheduled = self.save_every > 0 and iteration > 0 and iteration % self.save_every == 0
-        if scheduled or iteration == self.last or signum or spent:
-            self.state.save(self.run_dir, iteration)
-        if signum:
-            raise TrainingStopped(self.run_dir, iteration, signum)
-        return bool(spent)
+        if not (scheduled or ends_run):
+            return None
+        return self.state.save(self.run_dir, iteration)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from horizonrl.report.sinks import MetricsSinks
 from horizonrl.rollout.collector import Collector
 from horizonrl.rollout.from_config import make_agent, make_engine
 from horizonrl.rollout.producer import Producer
+from horizonrl.train.budget import Progress
 from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
                                         save_checkpoint)
 from horizonrl.train.collectors import make_collector
@@ -88,6 +89,11 @@ class RunContext:
     ranks: Ranks = LOCAL
     splits_explained: bool = False
     sharing: list[Sharing] = field(default_factory=list)
+
+    @property
+    def progress(self) -> Progress:
+        """What the run has spent (train/budget.py), saved with its checkpoints."""
+        return self.checkpointer.state.progress
 
     @property
     def pad_id(self) -> int:

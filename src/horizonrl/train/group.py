@@ -27,8 +27,8 @@ from horizonrl.train.batch import PPOBatch, kept_episodes
 from horizonrl.train.context import RunContext
 
 
-def group_iteration(ctx: RunContext, i: int) -> dict:
-    """A critic-free group estimator (cfg.algorithm) on whole episodes; returns the metrics record.
+def group_iteration(ctx: RunContext, i: int) -> phases.Iteration:
+    """A critic-free group estimator (cfg.algorithm) on whole episodes; returns its record and batch.
 
     Episodes closed by an env error or a failed agent are left out of their group; a rank left with none
     is an error on every rank (`kept_episodes`). There is no KL-in-reward term (there
@@ -54,7 +54,7 @@ def group_iteration(ctx: RunContext, i: int) -> dict:
     clock.lap("update")
     outcome_sum, n_kept = ctx.ranks.sum([sum(e.outcome_reward for e in kept), len(kept)])
     outcome = outcome_sum / max(n_kept, 1)
-    return phases.log_iteration(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
+    return phases.iteration_record(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
                          {**actor_stats.means("train/actor/"), "train/actor/entropy_coef": ctx.entropy_coef(i),
                           "train/outcome_reward_mean": outcome, **step_stats, **probe})
 

@@ -35,7 +35,7 @@ from horizonrl.learner.distributed import start_ranks, stop_ranks
 from horizonrl.report.html import write_report
 from horizonrl.report.sinks import check_sinks
 from horizonrl.rollout.failures import RolloutsFailed
-from horizonrl.train import group, ppo
+from horizonrl.train import group, phases, ppo
 from horizonrl.train.checkpoint import (StopSignals, TrainingStopped, complete_checkpoints, prepare_resume,
                                         save_checkpoint)
 from horizonrl.train.collectors import run_envs
@@ -110,8 +110,10 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
 
 def run_iterations(ctx: RunContext, progress: bool) -> None:
     """Iterations ctx.first_iteration..cfg.iterations of the run's algorithm (fewer when cfg.budget is spent
-    first), each followed by a checkpoint when one is due (or a stop signal asked for one). An iteration whose
-    rollouts all failed raises RolloutsFailed, naming the iteration and what the run folder keeps."""
+    first). After each: the run's progress (train/budget.py) goes into its record, the record to the sinks, a
+    checkpoint when one is due or the run ends here, and a stop signal ends the run (TrainingStopped) once that
+    checkpoint is saved. An iteration whose rollouts all failed raises RolloutsFailed, naming the iteration and
+    what the run folder keeps."""
     cfg = ctx.cfg
     iterate = {Batches.STREAMS: ppo.ppo_iteration, Batches.GROUPS: group.group_iteration}[cfg.algorithm_spec.batches]
     validation = Validation(cfg, ctx.run_dir, ctx.first_iteration) if cfg.validation is not None else None
@@ -121,17 +123,31 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
                dynamic_ncols=True)
     for i in bar:
         try:
-            record = ppo.critic_warmup_iteration(ctx, progress) if i == 0 else iterate(ctx, i)
+            done = ppo.critic_warmup_iteration(ctx, progress) if i == 0 else iterate(ctx, i)
         except RolloutsFailed as failed:
             raise RolloutsFailed(f"iteration {i}: {failed}\n{what_is_kept(ctx)}") from None
         except EngineOutOfSync as out_of_sync:
             raise EngineOutOfSync(f"{out_of_sync}\n{what_is_kept(ctx)}") from None
+        record = done.record
+        record.update(ctx.progress.advance(record["env/turns"]))     # env/turns: every rank's
+        phases.write_records(ctx, done)
         bar.set_postfix(success=f"{record['env/success_rate']:.2f}", ret=f"{record['env/episode_return']:.2f}")
-        budget_spent = ctx.checkpointer.iteration_done(i)
-        if validation is not None and validation.due(i, last=budget_spent or i == cfg.iterations):
+        spent, signum = stop_reasons(ctx)
+        ctx.checkpointer.save_if_due(i, ends_run=spent or bool(signum) or i == cfg.iterations)
+        if signum:
+            raise TrainingStopped(ctx.run_dir, i, signum)
+        if validation is not None and validation.due(i, last=spent or i == cfg.iterations):
             validation.run(i, ctx.actor, ctx.tokenizer, ctx.device)
-        if budget_spent:
+        if spent:
             break
+
+
+def stop_reasons(ctx: RunContext) -> tuple[bool, int]:
+    """(whether cfg.budget is spent, the stop signal's number or 0) after an iteration. Under torchrun a signal to
+    any rank, or a budget spent by any rank's clock, stops every rank at the same boundary."""
+    signum = ctx.ranks.max(ctx.checkpointer.signals.signum or 0)
+    spent = ctx.ranks.max(int(ctx.progress.spent(ctx.cfg.budget)))
+    return bool(spent), signum
 
 
 def what_is_kept(ctx: RunContext) -> str:

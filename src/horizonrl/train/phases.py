@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 from horizonrl.config import TrainConfig
 from horizonrl.learner.distributed import LOCAL, Ranks
@@ -62,8 +63,17 @@ def sync_engine(ctx: RunContext) -> dict[str, float]:
     return ctx.sync_check.after_sync(ctx.engine, ctx.actor)
 
 
-def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], batch: PPOBatch,
-                  timings: dict[str, float], update_stats: dict[str, float]) -> dict:
+@dataclass
+class Iteration:
+    """What an iteration gives the loop: its metrics record and the batch it trained on (its sample episodes go
+    to trajectories.jsonl). The loop adds the run's progress and writes both (`write_records`)."""
+
+    record: dict
+    batch: PPOBatch
+
+
+def iteration_record(ctx: RunContext, i: int, phase: str, episodes: list[Episode], batch: PPOBatch,
+                     timings: dict[str, float], update_stats: dict[str, float]) -> Iteration:
     """The iteration's record: env statistics of every collected episode, the collector's counts (the
     gateway's, `gateway/*`), the update's statistics (with the KL to the reference and the sampler's
     consistency), the batch's (data, critic fit), throughput and timings; every rank's, reduced from each
@@ -91,7 +101,7 @@ def log_iteration(ctx: RunContext, i: int, phase: str, episodes: list[Episode], 
         tokens, skipped = ctx.ranks.sum([sum(counts) for counts in zip(*(s.taken() for s in ctx.sharing))])
         record["perf/shared_prefix_share"] = skipped / max(tokens, 1)
     explain_splits(ctx, record)
-    return write_records(ctx, record, batch)
+    return Iteration(record, batch)
 
 
 def explain_splits(ctx: RunContext, record: dict) -> None:
@@ -106,16 +116,15 @@ def explain_splits(ctx: RunContext, record: dict) -> None:
             log.warning(advice)
 
 
-def write_records(ctx: RunContext, record: dict, batch: PPOBatch) -> dict:
-    """`record`, with the run's progress (train/budget.py), to every metrics sink, two sample episodes of
-    `batch` to trajectories.jsonl (rank 0's)."""
-    record.update(ctx.checkpointer.state.progress.advance(record["env/turns"]))   # env/turns: every rank's
+def write_records(ctx: RunContext, done: Iteration) -> None:
+    """The iteration's record to every metrics sink, two sample episodes of its batch to trajectories.jsonl
+    (rank 0's)."""
     if not ctx.ranks.is_main:
-        return record
-    ctx.metrics.write(record)
-    write_trajectories(ctx.run_dir, trajectory_records(record["iteration"], batch.episodes, batch.samples,
+        return
+    ctx.metrics.write(done.record)
+    batch = done.batch
+    write_trajectories(ctx.run_dir, trajectory_records(done.record["iteration"], batch.episodes, batch.samples,
                                                        batch.data["advantages"], ctx.tokenizer))
-    return record
 
 
 class Stopwatch:

@@ -38,8 +38,8 @@ from horizonrl.train.batch import PPOBatch, played_episodes, sampled_tokens, sco
 from horizonrl.train.context import RunContext
 
 
-def ppo_iteration(ctx: RunContext, i: int) -> dict:
-    """PPO with dual-discount GAE on a fixed-turn batch; returns the iteration's metrics record."""
+def ppo_iteration(ctx: RunContext, i: int) -> phases.Iteration:
+    """PPO with dual-discount GAE on a fixed-turn batch; returns its record and batch."""
     cfg, optim = ctx.cfg, ctx.cfg.optim
     clock = phases.Stopwatch()
     episodes = collect_turns(ctx)                               # n_env streams x e_len turns
@@ -55,14 +55,14 @@ def ppo_iteration(ctx: RunContext, i: int) -> dict:
                        (ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
     probe = phases.sync_engine(ctx)
     clock.lap("update")
-    return phases.log_iteration(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
+    return phases.iteration_record(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
                          {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"), **probe,
                           "train/actor/entropy_coef": ctx.entropy_coef(i)})
 
 
-def critic_warmup_iteration(ctx: RunContext, progress: bool = False) -> dict:
+def critic_warmup_iteration(ctx: RunContext, progress: bool = False) -> phases.Iteration:
     """Iteration 0 of ppo: `critic.warmup_batches` batches collected with the initial policy, then the
-    critic alone fitted to them (`critic_warmup`); returns the metrics record. A stop signal ends it between
+    critic alone fitted to them (`critic_warmup`); returns its record and last batch. A stop signal ends it between
     two batches, before the first checkpoint (StoppedBeforeCheckpoint). `progress`: a second bar, under the
     run's (which stays at 0 meanwhile), counts the batches collected, then those fitted (warmup_iters passes)."""
     clock = phases.Stopwatch()
@@ -82,7 +82,7 @@ def critic_warmup_iteration(ctx: RunContext, progress: bool = False) -> dict:
     clock.lap("warmup")
     record = {"iteration": 0, "phase": "critic_warmup", "env/errors": int(ctx.ranks.sum([errors])[0]),
               **episode_metrics([e for b in batches for e in b.episodes], ctx.ranks), **stats, **clock.laps}
-    return phases.write_records(ctx, record, batches[-1])
+    return phases.Iteration(record, batches[-1])
 
 
 def collect_turns(ctx: RunContext) -> list[Episode]:
