@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from horizonrl.algos.registry import Batches
 from horizonrl.config import load_config
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import ScriptedEngine, scripted_generation
@@ -31,8 +30,7 @@ from horizonrl.learner.distributed import start_ranks, stop_ranks
 from horizonrl.learner.lora import merged_parameters
 from horizonrl.train.checkpoint import StopSignals
 from horizonrl.train.context import start_run
-from horizonrl.train.group import group_iteration
-from horizonrl.train.ppo import ppo_iteration
+from horizonrl.train.loop import family_iteration
 
 
 class HashedPolicy(ScriptedEngine):
@@ -56,8 +54,7 @@ def main(config: str, out: str, overrides: list[str]) -> None:
     with StopSignals() as signals:
         ctx = start_run(cfg, envs, signals, None, ranks, device)
     ctx.collector.engine = HashedPolicy(ctx.tokenizer, list(envs[0].actions))
-    iterate = {Batches.STREAMS: ppo_iteration, Batches.GROUPS: group_iteration}[cfg.algorithm_spec.batches]
-    record = iterate(ctx, 1).record
+    record = family_iteration(cfg)(ctx, 1).record
     state = {name: tensor.clone() for name, tensor in merged_parameters(ctx.actor)}   # adapters merged
     if ranks.is_main:
         save_file({k: v.contiguous() for k, v in state.items() if k != "lm_head.weight"}, out)

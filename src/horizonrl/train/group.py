@@ -55,8 +55,9 @@ def group_iteration(ctx: RunContext, i: int) -> phases.Iteration:
     outcome_sum, n_kept = ctx.ranks.sum([sum(e.outcome_reward for e in kept), len(kept)])
     outcome = outcome_sum / max(n_kept, 1)
     return phases.iteration_record(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
-                         {**actor_stats.means("train/actor/"), "train/actor/entropy_coef": ctx.entropy_coef(i),
-                          "train/outcome_reward_mean": outcome, **step_stats, **probe})
+                                   {**actor_stats.means("train/actor/"),
+                                    "train/actor/entropy_coef": ctx.entropy_coef(i),
+                                    "train/outcome_reward_mean": outcome, **step_stats, **probe})
 
 
 def group_advantages_to_tokens(batch: PPOBatch, estimator: str, ranks: Ranks = LOCAL) -> None:

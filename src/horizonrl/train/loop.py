@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -115,7 +116,7 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
     checkpoint is saved. An iteration whose rollouts all failed raises RolloutsFailed, naming the iteration and
     what the run folder keeps."""
     cfg = ctx.cfg
-    iterate = {Batches.STREAMS: ppo.ppo_iteration, Batches.GROUPS: group.group_iteration}[cfg.algorithm_spec.batches]
+    iterate = family_iteration(cfg)
     validation = Validation(cfg, ctx.run_dir, ctx.first_iteration) if cfg.validation is not None else None
     if validation is not None and ctx.first_iteration == 1:     # no iteration 0 (critic warmup) validates the start
         validation.run(0, ctx.actor, ctx.tokenizer, ctx.device)
@@ -140,6 +141,12 @@ def run_iterations(ctx: RunContext, progress: bool) -> None:
             validation.run(i, ctx.actor, ctx.tokenizer, ctx.device)
         if spent:
             break
+
+
+def family_iteration(cfg: TrainConfig) -> Callable[[RunContext, int], phases.Iteration]:
+    """The iteration function of the run's family, by the batches its algorithm plays (looked up at each call, so
+    that a test that replaces ppo.ppo_iteration or group.group_iteration is heard)."""
+    return {Batches.STREAMS: ppo.ppo_iteration, Batches.GROUPS: group.group_iteration}[cfg.algorithm_spec.batches]
 
 
 def stop_reasons(ctx: RunContext) -> tuple[bool, int]:

@@ -56,8 +56,8 @@ def ppo_iteration(ctx: RunContext, i: int) -> phases.Iteration:
     probe = phases.sync_engine(ctx)
     clock.lap("update")
     return phases.iteration_record(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
-                         {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"), **probe,
-                          "train/actor/entropy_coef": ctx.entropy_coef(i)})
+                                   {**actor_stats.means("train/actor/"), **critic_stats.means("train/critic/"),
+                                    **probe, "train/actor/entropy_coef": ctx.entropy_coef(i)})
 
 
 def critic_warmup_iteration(ctx: RunContext, progress: bool = False) -> phases.Iteration:
