@@ -161,6 +161,21 @@ def test_a_prompt_vllm_refuses_fails_alone_and_is_not_retried(engine, tiny):
     assert first[1] == second[1] == 0          # no retry: nothing failed but the refused request
 
 
+def test_the_engine_serves_on_after_a_refused_prompt_that_came_alone(engine, tiny):
+    """A refused prompt that arrives when nothing else runs leaves vLLM holding no request: the worker must not
+    step it then (vLLM's step waits for an output forever, and every later request would queue behind that
+    wait); the next request is served as usual."""
+    tokenizer, model = tiny
+    too_long = prompts_of(tokenizer, 1)[0] * model.config.max_position_embeddings
+
+    async def refused_then_served():
+        with pytest.raises(ValueError, match="max_model_len"):
+            await asyncio.wait_for(engine.generate(too_long, SamplingParams(max_tokens=2)), 60)
+        return await asyncio.wait_for(engine.generate(prompts_of(tokenizer, 1)[0], SamplingParams(max_tokens=2)), 60)
+
+    assert len(asyncio.run(refused_then_served()).token_ids) == 2
+
+
 class Built(Exception):
     """Raised by the recording stand-in for vllm.LLM once it has its arguments."""
 

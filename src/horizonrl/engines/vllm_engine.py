@@ -163,19 +163,21 @@ class VLLMEngine:
 
     def _run(self) -> None:
         """Worker thread: add the requests that arrived, step vLLM, settle the ones that ended; until
-        nothing is running or pending (decided under the lock, so the next `generate` starts a worker)."""
+        nothing is running or pending (decided under the lock, so the next `generate` starts a worker).
+        vLLM's step waits for an output of the requests it holds, forever when it holds none, so whether any
+        runs is read after adding them, with `_stepping` held: a `score` that stepped the engine before may
+        have settled every one, and every arrival may have been refused."""
         engine, running = self.llm.llm_engine, self._running
         while True:
-            with self._lock:
-                arrived, self._pending = self._pending, []
-                if not arrived and not running:
-                    self._working = False
-                    return
             try:
                 with self._stepping:
                     with self._lock:
+                        arrived, self._pending = self._pending, []
+                        if not arrived and not running:
+                            self._working = False
+                            return
                         add_requests(engine, arrived, running, self._vllm.exceptions.VLLMClientError)
-                    outputs = engine.step()
+                    outputs = engine.step() if running else []
             except Exception as error:  # every request the engine holds or was adding learns about it
                 with contextlib.suppress(Exception):   # a dead engine cannot abort: its requests are gone anyway
                     engine.abort_request(list(running))
