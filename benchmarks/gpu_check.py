@@ -327,8 +327,8 @@ def worker(args) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize()
         updates.append({"update_s": time.perf_counter() - started,
-                        "trained_tokens": int(data["attention_mask"].sum()) * epochs * len(steps),
-                        "rows": int(data["input_ids"].shape[0]), "seq_len": int(data["input_ids"].shape[1])})
+                        "trained_tokens": int(data.attention_mask.sum()) * epochs * len(steps),
+                        "rows": len(data), "seq_len": int(data.input_ids.shape[1])})
 
     def profiled_updates(data, mini_batch_size, budget, epochs, generator, steps, ranks):
         """The update under torch.profiler: its ops by device time, written to args.profile."""

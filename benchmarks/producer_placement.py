@@ -38,7 +38,7 @@ from pathlib import Path
 
 from horizonrl.config import load_config
 from horizonrl.envs.pool import open_envs
-from horizonrl.learner.update import Stats, minibatch_updates
+from horizonrl.learner.update import Stats, UpdateStep, minibatch_updates
 from horizonrl.train.checkpoint import StopSignals
 from horizonrl.train.context import RunContext, start_run
 from horizonrl.train.phases import score
@@ -67,9 +67,9 @@ def unit(ctx: RunContext, load: str):
     def update() -> int:
         batch = score(ctx, episodes, ctx.critic)
         estimate_advantages(batch, ctx.cfg.ppo, ctx.ranks)
-        minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
-                          [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, Stats()),
-                           (ctx.actor_opt, ctx.actor_loss(1), optim.grad_clip, Stats())], ctx.ranks)
+        minibatch_updates(batch.rows, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
+                          [UpdateStep(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, Stats()),
+                           UpdateStep(ctx.actor_opt, ctx.actor_loss(1), optim.grad_clip, Stats())], ctx.ranks)
         return 0
     return update
 

@@ -7,6 +7,8 @@
   the registries (algos/registry.py, engines/registry.py); each is a decision a registry row should make;
 - `key_presence`: `"logp_old" in mb`-style tests of whether a batch holds a field (BATCH_FIELDS): behaviour
   chosen by which keys a dict has;
+- `optional_fields`: `mb.logp_ref is not None`-style tests of a typed batch's optional field (samples/tensors.py
+  Rows, whose comment says when the field is None): what the key tests became;
 - `long_functions`: functions (methods included) over 50 lines;
 - `long_lines`: source lines over 110 characters;
 - `ruff`: what `ruff check` (the pyproject's rules, from the working tree) finds in src/, tests/ and benchmarks/;
@@ -69,6 +71,12 @@ def key_presence(tree: ast.AST) -> list[int]:
             and isinstance(node.left, ast.Constant) and node.left.value in BATCH_FIELDS]
 
 
+def optional_fields(tree: ast.AST) -> list[int]:
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Compare) and isinstance(node.ops[0], (ast.Is, ast.IsNot))
+            and isinstance(node.left, ast.Attribute) and node.left.attr in BATCH_FIELDS]
+
+
 def long_functions(tree: ast.AST) -> list[str]:
     return [f"{node.name}:{node.lineno} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -77,7 +85,7 @@ def long_functions(tree: ast.AST) -> list[str]:
 
 def static_measures(tree_root: Path) -> dict:
     package = tree_root / "src" / "horizonrl"
-    sites = {"name_compares": [], "key_presence": [], "long_functions": []}
+    sites = {"name_compares": [], "key_presence": [], "optional_fields": [], "long_functions": []}
     n_long_lines = 0
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package).as_posix()
@@ -87,6 +95,7 @@ def static_measures(tree_root: Path) -> dict:
         if relative not in REGISTRIES:
             sites["name_compares"] += [f"{relative}:{line}" for line in name_compares(tree)]
         sites["key_presence"] += [f"{relative}:{line}" for line in key_presence(tree)]
+        sites["optional_fields"] += [f"{relative}:{line}" for line in optional_fields(tree)]
         sites["long_functions"] += [f"{relative}:{where}" for where in long_functions(tree)]
     return {**{key: len(value) for key, value in sites.items()}, "long_lines": n_long_lines, "sites": sites}
 

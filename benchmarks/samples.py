@@ -13,6 +13,7 @@ per_turn vs merged, with the measured token ratio next to the theoretical one:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import time
@@ -22,11 +23,11 @@ import torch
 from horizonrl.config import MicroBatchBudget, TinyModel
 from horizonrl.learner.models import build_tiny_policy
 from horizonrl.learner.tokenizer import train_bpe_tokenizer
-from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates
+from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, minibatch_updates
 from horizonrl.records import Episode, Turn
 from horizonrl.samples.merge import merge_turns
 from horizonrl.samples.per_turn import per_turn
-from horizonrl.samples.tensors import row_tensors
+from horizonrl.samples.tensors import Rows
 
 P, R, O = 60, 20, 30  # noqa: E741 (the docstring's names)
 
@@ -47,16 +48,16 @@ def theoretical_ratio(turns: int) -> float:
 
 
 def update_seconds(model, samples, micro_batch_size: int) -> tuple[float, int]:
-    data = row_tensors(samples, 0)
-    data["logp_old"] = torch.zeros(data["loss_mask"].shape)
-    data["advantages"] = torch.randn(data["loss_mask"].shape) * data["loss_mask"]
+    data = Rows.of(samples, 0)
+    data = dataclasses.replace(data, logp_old=torch.zeros(data.loss_mask.shape),
+                               advantages=torch.randn(data.loss_mask.shape) * data.loss_mask)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     loss = actor_loss_fn(model, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0)
-    rows = data["input_ids"].shape[0]
+    rows = len(data)
     started = time.perf_counter()
     minibatch_updates(data, rows, MicroBatchBudget(micro_batch_size), 1, torch.Generator().manual_seed(0),
-                      [(optimizer, loss, 1.0, Stats())])
-    return time.perf_counter() - started, int(data["attention_mask"].sum())
+                      [UpdateStep(optimizer, loss, 1.0, Stats())])
+    return time.perf_counter() - started, int(data.attention_mask.sum())
 
 
 def main():

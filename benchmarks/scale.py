@@ -18,6 +18,7 @@ per second over `--peak-tflops` (default 989: an H100's dense bf16).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -41,7 +42,8 @@ def worker(args) -> None:
     from horizonrl.config import DistConfig, MicroBatchBudget
     from horizonrl.learner.distributed import shard, start_ranks, stop_ranks
     from horizonrl.learner.scoring import register_sharded_logprobs, score
-    from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates
+    from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, minibatch_updates
+    from horizonrl.samples.tensors import Rows
 
     torch.set_num_threads(1)
     on_gpu = args.device == "cuda"
@@ -60,18 +62,18 @@ def worker(args) -> None:
     shape = (args.rows_per_rank, args.tokens)
     loss_mask = torch.zeros(shape, dtype=torch.long)
     loss_mask[:, args.tokens // 2:] = 1
-    data = {"input_ids": torch.randint(vocab, shape, generator=generator).to(device),
-            "attention_mask": torch.ones(shape, dtype=torch.long, device=device), "loss_mask": loss_mask.to(device)}
+    data = Rows(torch.randint(vocab, shape, generator=generator).to(device),
+                torch.ones(shape, dtype=torch.long, device=device), loss_mask.to(device))
     budget = MicroBatchBudget(args.micro_batch_rows)
-    data.update(score(data, budget, actor=model, ranks=ranks))
-    data["advantages"] = torch.randn(shape, generator=generator).to(device) * data["loss_mask"]
+    data = dataclasses.replace(data, **score(data, budget, actor=model, ranks=ranks).given())
+    data = dataclasses.replace(data, advantages=torch.randn(shape, generator=generator).to(device) * data.loss_mask)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     loss_fn = actor_loss_fn(model, 0.2, 0.2, None, 0.0, "token-mean", 1.0)
     shuffle = torch.Generator().manual_seed(0)
 
     def update() -> None:
         minibatch_updates(data, args.rows_per_rank * ranks.world_size, budget, 1, shuffle,
-                          [(optimizer, loss_fn, 1.0, Stats())], ranks)
+                          [UpdateStep(optimizer, loss_fn, 1.0, Stats())], ranks)
 
     update()                                    # warm-up: optimizer state, allocator, first collectives
     if on_gpu:

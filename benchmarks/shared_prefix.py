@@ -21,6 +21,7 @@ sharing over without; `shared_share` = the share of row tokens a shared prefix's
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -29,14 +30,13 @@ import torch
 from horizonrl.config import SOURCE_CONFIGS, MicroBatchBudget, load_config
 from horizonrl.learner.lora import lm_body
 from horizonrl.learner.models import ValueModel, load_policy, pad_token_id
-from horizonrl.learner.scoring import select_rows
 from horizonrl.learner.shared_prefix import SETTING, share_prefixes, stop_sharing
-from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
+from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, critic_loss_fn, minibatch_updates
 from horizonrl.records import Episode, Turn
 from horizonrl.rollout.from_config import make_agent
 from horizonrl.samples.merge import merge_turns
 from horizonrl.samples.per_turn import per_turn
-from horizonrl.samples.tensors import row_tensors
+from horizonrl.samples.tensors import Rows
 from horizonrl.train.demonstrations import expert_episodes
 
 RECIPE = SOURCE_CONFIGS / "babyai_smollm2.yaml"
@@ -66,19 +66,18 @@ def group_episodes(episodes: list[Episode], vocab: int) -> list[Episode]:
     return out
 
 
-def ppo_data(samples, pad_id: int) -> dict[str, torch.Tensor]:
-    """Row tensors with what the update reads: old log-probs and values (zero), advantages and returns."""
-    data = row_tensors(samples, pad_id)
+def ppo_data(samples, pad_id: int) -> Rows:
+    """Rows with what the update reads: old log-probs and values (zero), advantages and returns."""
+    data = Rows.of(samples, pad_id)
     generator = torch.Generator().manual_seed(1)
-    mask = data["loss_mask"]
-    data["logp_old"] = torch.zeros(mask.shape)
-    data["values_old"] = torch.zeros(mask.shape)
-    data["advantages"] = torch.randn(mask.shape, generator=generator) * mask
-    data["returns"] = torch.randn(mask.shape, generator=generator) * mask
-    return data
+    mask = data.loss_mask
+    advantages = torch.randn(mask.shape, generator=generator) * mask
+    returns = torch.randn(mask.shape, generator=generator) * mask
+    return dataclasses.replace(data, logp_old=torch.zeros(mask.shape), values_old=torch.zeros(mask.shape),
+                               advantages=advantages, returns=returns)
 
 
-def update_seconds(actor, critic, data, budget: MicroBatchBudget) -> tuple[float, float]:
+def update_seconds(actor, critic, data: Rows, budget: MicroBatchBudget) -> tuple[float, float]:
     """(seconds of one minibatch_updates of the critic (if any) and the actor, shared share) after a warm-up."""
     shared = budget.shared_prefix
     bodies = [lm_body(actor)] + ([critic.backbone] if critic is not None else [])
@@ -87,26 +86,26 @@ def update_seconds(actor, critic, data, budget: MicroBatchBudget) -> tuple[float
             share_prefixes(body)
         else:
             stop_sharing(body)
-    for batch in (select_rows(data, [0, 1]), data):      # a warm-up on two rows, then the batch, timed
-        steps = [(torch.optim.AdamW(actor.parameters(), lr=1e-7),
-                  actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0), 1.0, Stats())]
+    for batch in (data.select([0, 1]), data):      # a warm-up on two rows, then the batch, timed
+        steps = [UpdateStep(torch.optim.AdamW(actor.parameters(), lr=1e-7),
+                            actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0), 1.0, Stats())]
         if critic is not None:
-            steps.insert(0, (torch.optim.AdamW(critic.parameters(), lr=1e-7), critic_loss_fn(critic, 0.5, 1.0),
-                             1.0, Stats()))
+            steps.insert(0, UpdateStep(torch.optim.AdamW(critic.parameters(), lr=1e-7),
+                                       critic_loss_fn(critic, 0.5, 1.0), 1.0, Stats()))
         for body in bodies if shared else []:
             getattr(body, SETTING).taken()             # the counts of this pass alone
         started = time.perf_counter()
-        minibatch_updates(batch, len(batch["input_ids"]), budget, 1, torch.Generator().manual_seed(0), steps)
+        minibatch_updates(batch, len(batch), budget, 1, torch.Generator().manual_seed(0), steps)
         seconds = time.perf_counter() - started
     counts = [getattr(body, SETTING).taken() for body in bodies] if shared else [(1, 0)]
     return seconds, sum(skipped for _, skipped in counts) / max(sum(tokens for tokens, _ in counts), 1)
 
 
-def measure(actor, critic, data, micro_batch_size: int, max_tokens: int | None) -> dict:
-    tokens = int(data["attention_mask"].sum())
+def measure(actor, critic, data: Rows, micro_batch_size: int, max_tokens: int | None) -> dict:
+    tokens = int(data.attention_mask.sum())
     plain, _ = update_seconds(actor, critic, data, MicroBatchBudget(micro_batch_size, max_tokens, False))
     shared, share = update_seconds(actor, critic, data, MicroBatchBudget(micro_batch_size, max_tokens, True))
-    return {"rows": len(data["input_ids"]), "row_tokens": tokens, "plain_s": plain, "shared_s": shared,
+    return {"rows": len(data), "row_tokens": tokens, "plain_s": plain, "shared_s": shared,
             "plain_tokens_per_s": tokens / plain, "shared_tokens_per_s": tokens / shared, "ratio": plain / shared,
             "shared_share": share}
 

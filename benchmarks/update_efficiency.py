@@ -19,6 +19,7 @@ of the batch; `ratio` = update / ceiling. Each side is timed `repeats` times aft
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import statistics
@@ -30,46 +31,47 @@ from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.device import autocast_dtype
 from horizonrl.learner.models import ValueModel, load_policy
 from horizonrl.learner.scoring import score
-from horizonrl.learner.update import Stats, actor_loss_fn, critic_loss_fn, minibatch_updates
+from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, critic_loss_fn, minibatch_updates
+from horizonrl.samples.tensors import Rows
 
 
-def ppo_batch(actor, critic, rows: int, tokens: int, spread: float, sampled: int, vocab: int
-              ) -> dict[str, torch.Tensor]:
+def ppo_batch(actor, critic, rows: int, tokens: int, spread: float, sampled: int, vocab: int) -> Rows:
     """Right-padded random rows, the last `sampled` tokens of each sampled, scored as a PPO batch is."""
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(int(tokens * (1 - spread)), int(tokens * (1 + spread)) + 1, (rows,), generator=generator)
     positions = torch.arange(int(lengths.max()))
     attention_mask = (positions < lengths[:, None]).long()
     loss_mask = (attention_mask * (positions >= (lengths - sampled)[:, None])).float()
-    data = {"input_ids": torch.randint(vocab, attention_mask.shape, generator=generator) * attention_mask,
-            "attention_mask": attention_mask, "loss_mask": loss_mask}
-    data.update(score(data, MicroBatchBudget(rows), actor=actor, critic=critic))
-    data["advantages"] = torch.randn(loss_mask.shape, generator=generator) * loss_mask
-    data["returns"] = torch.randn(loss_mask.shape, generator=generator) * loss_mask
-    return data
+    data = Rows(torch.randint(vocab, attention_mask.shape, generator=generator) * attention_mask, attention_mask,
+                loss_mask)
+    data = dataclasses.replace(data, **score(data, MicroBatchBudget(rows), actor=actor, critic=critic).given())
+    advantages = torch.randn(loss_mask.shape, generator=generator) * loss_mask
+    returns = torch.randn(loss_mask.shape, generator=generator) * loss_mask
+    return dataclasses.replace(data, advantages=advantages, returns=returns)
 
 
-def trainer_update(actor, critic, data: dict[str, torch.Tensor], micro_batch_size: int) -> float:
+def trainer_update(actor, critic, data: Rows, micro_batch_size: int) -> float:
     """Seconds of one minibatch_updates call of critic and actor over the whole batch."""
-    rows = len(data["input_ids"])
-    steps = [(torch.optim.AdamW(critic.parameters(), lr=1e-7), critic_loss_fn(critic, 0.5, 3.0), 1.0, Stats()),
-             (torch.optim.AdamW(actor.parameters(), lr=1e-7),
-              actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.001, "token-mean", 1.0), 1.0, Stats())]
+    rows = len(data)
+    steps = [UpdateStep(torch.optim.AdamW(critic.parameters(), lr=1e-7), critic_loss_fn(critic, 0.5, 3.0), 1.0,
+                        Stats()),
+             UpdateStep(torch.optim.AdamW(actor.parameters(), lr=1e-7),
+                        actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.001, "token-mean", 1.0), 1.0, Stats())]
     started = time.perf_counter()
     minibatch_updates(data, rows, MicroBatchBudget(micro_batch_size), 1, torch.Generator().manual_seed(0), steps)
     return time.perf_counter() - started
 
 
-def bare_update(actor, critic, data: dict[str, torch.Tensor]) -> float:
+def bare_update(actor, critic, data: Rows) -> float:
     """Seconds of the plain forward + backward of the actor and of the critic on the same tokens."""
-    ids, attention, mask = data["input_ids"], data["attention_mask"], data["loss_mask"][:, 1:]
+    ids, attention, mask = data.input_ids, data.attention_mask, data.loss_mask[:, 1:]
     started = time.perf_counter()
     log_probs = actor(input_ids=ids, attention_mask=attention).logits[:, :-1].float().log_softmax(dim=-1)
     logp = log_probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
     (-(logp * mask).sum() / mask.sum()).backward()
     del log_probs, logp
     values = critic(ids, attention)[:, :-1]
-    (((values - data["returns"][:, 1:]) ** 2 * mask).sum() / mask.sum()).backward()
+    (((values - data.returns[:, 1:]) ** 2 * mask).sum() / mask.sum()).backward()
     elapsed = time.perf_counter() - started
     actor.zero_grad(set_to_none=True)
     critic.zero_grad(set_to_none=True)
@@ -94,7 +96,7 @@ def main():
     torch.nn.init.normal_(critic.value_head.weight, std=0.01)
     data = ppo_batch(actor, critic, args.rows, args.tokens, args.spread, args.sampled, actor.config.vocab_size)
     micro_batch_size = args.micro_batch_size or args.rows
-    tokens = float(data["attention_mask"].sum())
+    tokens = float(data.attention_mask.sum())
     seconds = {"update": [], "ceiling": []}
     for repeat in range(args.repeats + 1):        # the first run of each warms up
         for name, run in (("update", functools.partial(trainer_update, micro_batch_size=micro_batch_size)),

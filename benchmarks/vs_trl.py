@@ -51,7 +51,7 @@ from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.device import autocast_dtype
 from horizonrl.learner.models import frozen_copy, load_policy, pad_token_id, resolve_model_path, stop_ids
-from horizonrl.learner.update import Stats, minibatch_updates
+from horizonrl.learner.update import Stats, UpdateStep, minibatch_updates
 from horizonrl.records import Episode, Turn
 from horizonrl.train.context import RunContext
 from horizonrl.train.group import group_advantages_to_tokens
@@ -124,10 +124,10 @@ class HorizonrlGRPO:
                             outcome_reward=even_fraction(g.token_ids))
                     for n, (p, g) in enumerate(zip(self.requests, generations))]
         batch = score(ctx, episodes, critic=None)
-        group_advantages_to_tokens(batch, ctx.cfg.algorithm)
+        group_advantages_to_tokens(batch, ctx.cfg.algorithm_spec.estimator)
         clock.lap("score")
-        minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
-                          [(ctx.actor_opt, ctx.actor_loss(1), optim.grad_clip, Stats())])
+        minibatch_updates(batch.rows, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
+                          [UpdateStep(ctx.actor_opt, ctx.actor_loss(1), optim.grad_clip, Stats())])
         sync_engine(ctx)
         clock.lap("update")
         return clock.laps, statistics.mean(len(g.token_ids) for g in generations)

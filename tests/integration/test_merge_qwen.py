@@ -2,13 +2,14 @@
 `qwen_tokenizer` fixture takes seconds to load): a full-history chat merges into one row, per-turn and
 merged rows give the same advantages, and planted prefix breaks are classified and written out."""
 
+import dataclasses
 import json
 
 import torch
 
 from horizonrl.config import PPOConfig
 from horizonrl.records import Episode, Turn
-from horizonrl.samples import TurnIndex, per_turn, row_tensors
+from horizonrl.samples import Rows, TurnIndex, per_turn
 from horizonrl.samples.merge import merge_turns, write_mismatches
 from horizonrl.train.batch import PPOBatch
 from horizonrl.train.ppo import estimate_advantages
@@ -82,16 +83,16 @@ def _advantages(batch, episodes, turn_values, turn_logp, turn_logp_ref, ppo):
     """estimate_advantages on `batch`, with per-turn values/log-probs placed in the row layout and
     noise on every mask-0 token (which must not leak into the result). Returns [N, L] advantages."""
     index = TurnIndex.of(batch)
-    data = row_tensors(batch, pad_id=151643)
-    shape = data["input_ids"].shape
-    noise = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * (1 - data["loss_mask"])
-    data["values_old"] = index.to_rows(turn_values, shape) + noise
-    data["logp_old"] = index.to_rows(turn_logp, shape) + noise
-    data["logp_ref"] = index.to_rows(turn_logp_ref, shape) - noise
+    data = Rows.of(batch, pad_id=151643)
+    shape = data.input_ids.shape
+    noise = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * (1 - data.loss_mask)
+    data = dataclasses.replace(data, values_old=index.to_rows(turn_values, shape) + noise,
+                               logp_old=index.to_rows(turn_logp, shape) + noise,
+                               logp_ref=index.to_rows(turn_logp_ref, shape) - noise)
     ppo_batch = PPOBatch(episodes, batch, index, data,
                          bootstrap_values=torch.tensor([0.7] * len(batch.bootstrap_prompts)))
     estimate_advantages(ppo_batch, ppo)
-    return index.to_turns(data["advantages"]), index.to_turns(data["returns"])
+    return index.to_turns(ppo_batch.rows.advantages), index.to_turns(ppo_batch.rows.returns)
 
 
 def test_per_turn_and_merged_advantages_agree(qwen_tokenizer):

@@ -19,7 +19,7 @@ from horizonrl.learner.models import pad_token_id
 from horizonrl.learner.sft import supervised_finetune
 from horizonrl.records import Episode, SampleBatch
 from horizonrl.samples.per_turn import per_turn
-from horizonrl.samples.tensors import row_tensors
+from horizonrl.samples.tensors import Rows
 from horizonrl.train.demonstrations import demonstration_rows, expert_episodes
 from horizonrl.train.warm_start import build_tiny_for_envs
 
@@ -190,16 +190,16 @@ def test_an_env_without_an_expert_is_refused_with_one_message(goto_tiny):
 def test_sft_rows_of_demonstrations_carry_loss_on_the_response_ids_only(goto_tiny, demos):
     tokenizer, _ = goto_tiny
     turns = [turn for episode in demos for turn in episode.turns]
-    data = row_tensors(per_turn(demos), pad_token_id(tokenizer), torch.device("cpu"))
-    assert len(turns) == len(data["input_ids"]) > 2
-    width = data["input_ids"].shape[1]
+    data = Rows.of(per_turn(demos), pad_token_id(tokenizer), torch.device("cpu"))
+    assert len(turns) == len(data.input_ids) > 2
+    width = data.input_ids.shape[1]
     for row, turn in enumerate(turns):
         p, n = len(turn.prompt_ids), len(turn.response_ids)
         assert p > 0 and n > 0
         # 0 on the prompt, 1 on the response, 0 on the padding after it
-        assert data["loss_mask"][row].tolist() == [0.0] * p + [1.0] * n + [0.0] * (width - p - n)
-        assert data["input_ids"][row, p:p + n].tolist() == turn.response_ids
-        assert data["attention_mask"][row].tolist() == [1] * (p + n) + [0] * (width - p - n)
+        assert data.loss_mask[row].tolist() == [0.0] * p + [1.0] * n + [0.0] * (width - p - n)
+        assert data.input_ids[row, p:p + n].tolist() == turn.response_ids
+        assert data.attention_mask[row].tolist() == [1] * (p + n) + [0] * (width - p - n)
 
 
 def first_step(model, input_ids: list[int], loss_mask: list[int], pad_id: int):

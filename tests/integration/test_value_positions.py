@@ -12,7 +12,7 @@ from horizonrl.learner.models import ValueModel, pad_token_id
 from horizonrl.learner.scoring import prompt_values, score
 from horizonrl.records import Episode, Turn
 from horizonrl.samples.per_turn import per_turn
-from horizonrl.samples.tensors import row_tensors
+from horizonrl.samples.tensors import Rows
 
 torch.set_num_threads(1)
 
@@ -45,13 +45,13 @@ def test_value_at_each_turns_first_response_column_is_the_value_of_its_prompt(ri
     prompts = [t.prompt_ids for t in episode.turns]
     assert len(prompts[0]) != len(prompts[1])                 # the rows are padded differently
     samples = per_turn([episode])
-    data = row_tensors(samples, pad_id, torch.device("cpu"))
+    data = Rows.of(samples, pad_id, torch.device("cpu"))
     budget = MicroBatchBudget(2)
-    values = score(data, budget, critic=critic)["values_old"]
+    values = score(data, budget, critic=critic).values_old
 
     for row, prompt in enumerate(prompts):
         first = len(prompt)                                       # column of the first response token
-        assert data["loss_mask"][row, first] == 1 and data["loss_mask"][row, first - 1] == 0
+        assert data.loss_mask[row, first] == 1 and data.loss_mask[row, first - 1] == 0
         expected = prompt_values(critic, [prompt], pad_id, budget, torch.device("cpu"))
         assert abs(float(expected[0])) > 1e-3                    # a non-zero head: a real comparison
         torch.testing.assert_close(values[row, first], expected[0], rtol=0, atol=1e-5)

@@ -20,6 +20,7 @@ from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.models import stop_ids
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.learner.update import actor_loss_fn
+from horizonrl.samples.tensors import Rows
 
 GRAMMAR = json_grammar({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
                         "required": ["name", "age"]})
@@ -51,8 +52,8 @@ def test_the_masks_renormalisation_is_measured_and_weighted_by_tis(river_tiny):
     loss_mask = torch.tensor([[0.0] * len(prompt) + [1.0] * n])
     logp_engine = torch.zeros_like(loss_mask)
     logp_engine[0, len(prompt):] = torch.tensor(generation.logprobs)
-    mb = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "loss_mask": loss_mask,
-          "advantages": torch.ones_like(loss_mask), "logp_engine": logp_engine}
+    mb = Rows(input_ids, torch.ones_like(input_ids), loss_mask, advantages=torch.ones_like(loss_mask),
+              logp_engine=logp_engine)
     _, parts = actor_loss_fn(model, 0.2, 0.2, None, 0.0, "token-mean", 1.0, tis_cap=2.0)(mb, float(n), 1.0)
 
     total, count = parts["rollout/logprob_abs_diff"]
@@ -60,7 +61,7 @@ def test_the_masks_renormalisation_is_measured_and_weighted_by_tis(river_tiny):
     assert total / count > 0.01
     assert abs(total / count - float(-z.log().mean())) < 1e-4
     with torch.no_grad():
-        logp_old, _ = token_logprobs(model, input_ids, mb["attention_mask"], loss_mask)
+        logp_old, _ = token_logprobs(model, input_ids, mb.attention_mask, loss_mask)
     weights = tis_weights(logp_old, logp_engine, 2.0)[0, len(prompt):]
     assert torch.allclose(weights, z, atol=1e-5, rtol=0)
     total, count = parts["rollout/tis_weight_mean"]

@@ -6,6 +6,8 @@ Scores are set by hand in the row layout; the expected values come from `dual_di
 directly on hand-built turn-layout inputs, and from GAE worked out by hand in the comments.
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from horizonrl.algos.advantages import dual_discount_gae
 from horizonrl.config import PPOConfig
 from horizonrl.records import Episode, Turn
 from horizonrl.samples.per_turn import per_turn
-from horizonrl.samples.tensors import TurnIndex, row_tensors
+from horizonrl.samples.tensors import Rows, TurnIndex
 from horizonrl.train.batch import PPOBatch
 from horizonrl.train.ppo import estimate_advantages
 
@@ -53,9 +55,9 @@ def by_hand(per_turn_values) -> torch.Tensor:
 
 def batch_of(terminated: bool) -> PPOBatch:
     samples = per_turn([episode(terminated)])
-    data = row_tensors(samples, PAD, torch.device("cpu"))
-    assert torch.equal(data["loss_mask"], by_hand([[1, 1], [1], [1, 1]]))
-    data.update(logp_old=by_hand(LOGP_OLD), logp_ref=by_hand(LOGP_REF), values_old=by_hand(VALUES))
+    data = Rows.of(samples, PAD, torch.device("cpu"))
+    assert torch.equal(data.loss_mask, by_hand([[1, 1], [1], [1, 1]]))
+    data = dataclasses.replace(data, logp_old=by_hand(LOGP_OLD), logp_ref=by_hand(LOGP_REF), values_old=by_hand(VALUES))
     bootstrap = torch.zeros(0) if terminated else torch.tensor([V_BOOT])
     return PPOBatch([episode(terminated)], samples, TurnIndex.of(samples), data, bootstrap)
 
@@ -82,8 +84,8 @@ def test_advantages_equal_dual_discount_gae_on_hand_built_token_rewards(terminat
     batch = batch_of(terminated)
     estimate_advantages(batch, PPO)
     advantages, returns = direct_gae(terminated)
-    torch.testing.assert_close(batch.data["advantages"], advantages, rtol=0, atol=1e-6)
-    torch.testing.assert_close(batch.data["returns"], returns, rtol=0, atol=1e-6)
+    torch.testing.assert_close(batch.rows.advantages, advantages, rtol=0, atol=1e-6)
+    torch.testing.assert_close(batch.rows.returns, returns, rtol=0, atol=1e-6)
 
 
 def test_advantages_of_a_cut_episode_by_hand():
@@ -98,17 +100,17 @@ def test_advantages_of_a_cut_episode_by_hand():
     batch = batch_of(terminated=False)
     estimate_advantages(batch, PPO)
     hand = [[0.4137132, 0.5551856], [0.53498], [0.84025, 1.19]]
-    torch.testing.assert_close(batch.data["advantages"], by_hand(hand), rtol=0, atol=1e-6)
+    torch.testing.assert_close(batch.rows.advantages, by_hand(hand), rtol=0, atol=1e-6)
     returns = [[a + v for a, v in zip(adv, val)] for adv, val in zip(hand, VALUES)]
-    torch.testing.assert_close(batch.data["returns"], by_hand(returns), rtol=0, atol=1e-6)
+    torch.testing.assert_close(batch.rows.returns, by_hand(returns), rtol=0, atol=1e-6)
 
 
 def test_after_a_terminated_last_turn_the_next_value_is_zero():
     # A(2,1) = 0.97 + 0 - 0.5 = 0.47;  A(2,0) = 0.95 * 0.5 - 0.2 + 0.475 * 0.47 = 0.275 + 0.22325 = 0.49825
     batch = batch_of(terminated=True)
     estimate_advantages(batch, PPO)
-    assert batch.data["advantages"][2, 8].item() == pytest.approx(0.47, abs=1e-6)
-    assert batch.data["advantages"][2, 7].item() == pytest.approx(0.49825, abs=1e-6)
+    assert batch.rows.advantages[2, 8].item() == pytest.approx(0.47, abs=1e-6)
+    assert batch.rows.advantages[2, 7].item() == pytest.approx(0.49825, abs=1e-6)
 
 
 def test_each_cut_episode_bootstraps_from_its_own_prompts_value():
@@ -117,8 +119,9 @@ def test_each_cut_episode_bootstraps_from_its_own_prompts_value():
     episodes = [Episode(name, "t", 0, turns=[Turn([1, 2], [3], None)], bootstrap_prompt_ids=[1, 2, 3, 4])
                 for name in ("a", "b")]
     samples = per_turn(episodes)
-    data = row_tensors(samples, PAD)
-    data.update(logp_old=torch.zeros(2, 3), logp_ref=torch.zeros(2, 3), values_old=torch.zeros(2, 3))
+    data = Rows.of(samples, PAD)
+    data = dataclasses.replace(data, logp_old=torch.zeros(2, 3), logp_ref=torch.zeros(2, 3),
+                               values_old=torch.zeros(2, 3))
     batch = PPOBatch(episodes, samples, TurnIndex.of(samples), data, torch.tensor([2.0, -1.0]))
     estimate_advantages(batch, PPO)
-    torch.testing.assert_close(batch.data["advantages"], torch.tensor([[0, 0, 1.8], [0, 0, -0.9]]))
+    torch.testing.assert_close(batch.rows.advantages, torch.tensor([[0, 0, 1.8], [0, 0, -0.9]]))

@@ -14,7 +14,7 @@ import torch
 from horizonrl.records import Episode, Turn
 from horizonrl.samples.merge import merge_turns
 from horizonrl.samples.per_turn import per_turn
-from horizonrl.samples.tensors import TurnIndex, row_tensors
+from horizonrl.samples.tensors import Rows, TurnIndex
 from horizonrl.config import GiGPOConfig
 from horizonrl.train.batch import PPOBatch
 from horizonrl.train.group import gigpo_advantages_to_tokens, group_advantages_to_tokens
@@ -46,7 +46,7 @@ def episodes() -> list[Episode]:
 
 def as_batch(eps: list[Episode], samples) -> PPOBatch:
     """What `prepare` builds, scores left out."""
-    data = row_tensors(samples, PAD, torch.device("cpu"))
+    data = Rows.of(samples, PAD, torch.device("cpu"))
     return PPOBatch(eps, samples, TurnIndex.of(samples, torch.device("cpu")), data, torch.zeros(0))
 
 
@@ -98,9 +98,9 @@ REWARDS = (6.0, 1.0, 2.0, 0.5, 1.0)
 
 def test_the_hand_built_rows_have_the_mask_pattern_written_out_here():
     batch = as_batch(episodes(), per_turn(episodes()))
-    assert torch.equal(batch.data["loss_mask"], per_turn_rows(1, 1, 1, 1, 1))
+    assert torch.equal(batch.rows.loss_mask, per_turn_rows(1, 1, 1, 1, 1))
     merged = as_batch(episodes(), merge_turns(episodes(), None, None, None)[0])
-    assert torch.equal(merged.data["loss_mask"], merged_rows(1, 1, 1, 1, 1))
+    assert torch.equal(merged.rows.loss_mask, merged_rows(1, 1, 1, 1, 1))
     assert len(merged.samples.segments) == 9      # nine turns in six rows
 
 
@@ -108,8 +108,8 @@ def test_the_hand_built_rows_have_the_mask_pattern_written_out_here():
 def test_each_rows_sampled_tokens_carry_their_episodes_group_advantage_and_nothing_else(estimator):
     batch = as_batch(episodes(), per_turn(episodes()))
     group_advantages_to_tokens(batch, estimator)
-    torch.testing.assert_close(batch.data["advantages"], per_turn_rows(*HAND[estimator]), rtol=1e-6, atol=1e-6)
-    assert torch.equal(batch.data["returns"], per_turn_rows(*REWARDS))
+    torch.testing.assert_close(batch.rows.advantages, per_turn_rows(*HAND[estimator]), rtol=1e-6, atol=1e-6)
+    assert torch.equal(batch.rows.returns, per_turn_rows(*REWARDS))
 
 
 @pytest.mark.parametrize("estimator", sorted(HAND))
@@ -117,8 +117,8 @@ def test_merged_rows_holding_several_turns_get_their_episodes_advantage(estimato
     """Six rows for nine turns: a mapping by turn (segment) index instead of row would misplace them."""
     batch = as_batch(episodes(), merge_turns(episodes(), None, None, None)[0])
     group_advantages_to_tokens(batch, estimator)
-    torch.testing.assert_close(batch.data["advantages"], merged_rows(*HAND[estimator]), rtol=1e-6, atol=1e-6)
-    assert torch.equal(batch.data["returns"], merged_rows(*REWARDS))
+    torch.testing.assert_close(batch.rows.advantages, merged_rows(*HAND[estimator]), rtol=1e-6, atol=1e-6)
+    assert torch.equal(batch.rows.returns, merged_rows(*REWARDS))
 
 
 
@@ -156,8 +156,8 @@ def test_gigpo_puts_each_turns_own_advantage_on_its_tokens_of_a_merged_row():
         [0, 0, e3, e3, 0, 0, 0],
         [0, e4[0], 0, e4[1], e4[1], 0, 0],
     ], dtype=torch.float32)
-    torch.testing.assert_close(batch.data["advantages"], expected, rtol=1e-6, atol=1e-6)
-    assert torch.equal(batch.data["returns"], merged_rows(*REWARDS))
+    torch.testing.assert_close(batch.rows.advantages, expected, rtol=1e-6, atol=1e-6)
+    assert torch.equal(batch.rows.returns, merged_rows(*REWARDS))
     # anchor sizes of the nine turns: 3, 2 | 2 | 3, 2, 2 | 2 | 3, 2
     assert stats == {"gigpo/anchor_group_size_mean": pytest.approx(21 / 9), "gigpo/anchored_step_frac": 1.0}
 

@@ -1,5 +1,6 @@
 """Unit tests for horizonrl.algos.losses. Golden values are worked out by hand."""
 
+import dataclasses
 import math
 
 import pytest
@@ -15,6 +16,7 @@ from horizonrl.algos.losses import (
     tis_weights,
     value_loss,
 )
+from horizonrl.samples.tensors import Rows
 
 torch.set_num_threads(1)
 
@@ -263,7 +265,7 @@ def test_approx_kl_bounds_the_log_ratio():
     torch.testing.assert_close(out, torch.tensor([10.0]), rtol=0.0, atol=0.0)
 
 
-def sampled_row(river_tiny, n_sampled: int) -> dict:
+def sampled_row(river_tiny, n_sampled: int) -> Rows:
     """One row whose last `n_sampled` tokens are sampled: input_ids, attention_mask, loss_mask and the
     tiny model's log-probs of them as logp_old (so rho = 1 in the loss)."""
     from horizonrl.learner.scoring import token_logprobs
@@ -274,7 +276,7 @@ def sampled_row(river_tiny, n_sampled: int) -> dict:
     mask[0, -n_sampled:] = 1
     with torch.no_grad():
         logp, _ = token_logprobs(model, ids, torch.ones_like(ids), mask, 1.0)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask, "logp_old": logp}
+    return Rows(ids, torch.ones_like(ids), mask, logp_old=logp)
 
 
 def test_kl_loss_term_adds_beta_times_k3_to_the_reference(river_tiny):
@@ -283,8 +285,8 @@ def test_kl_loss_term_adds_beta_times_k3_to_the_reference(river_tiny):
 
     model = river_tiny[1]
     mb = sampled_row(river_tiny, 5)
-    logp, mask = mb["logp_old"], mb["loss_mask"]
-    mb.update(advantages=torch.zeros_like(logp), logp_ref=logp - 0.3 * mask)
+    logp, mask = mb.logp_old, mb.loss_mask
+    mb = dataclasses.replace(mb, advantages=torch.zeros_like(logp), logp_ref=logp - 0.3 * mask)
     n = float(mask.sum())
     args = (model, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0)
     plain, _ = actor_loss_fn(*args)(mb, n, 1.0)
@@ -322,11 +324,11 @@ def test_tis_cap_weights_each_tokens_policy_gradient_term(river_tiny):
 
     model = river_tiny[1]
     mb = sampled_row(river_tiny, 3)
-    logp = mb["logp_old"]
+    logp = mb.logp_old
     advantages, gaps = torch.zeros_like(logp), torch.zeros_like(logp)
     advantages[0, -3:] = torch.tensor([1.0, -2.0, 0.5])
     gaps[0, -3:] = torch.tensor([math.log(3.0), math.log(0.5), 0.0])
-    mb.update(advantages=advantages, logp_engine=logp - gaps)
+    mb = dataclasses.replace(mb, advantages=advantages, logp_engine=logp - gaps)
     args = (model, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0)
     plain, _ = actor_loss_fn(*args)(mb, 3.0, 1.0)
     off, _ = actor_loss_fn(*args, tis_cap=None)(mb, 3.0, 1.0)
@@ -337,7 +339,7 @@ def test_tis_cap_weights_each_tokens_policy_gradient_term(river_tiny):
     assert weighted.item() == pytest.approx(-0.5, abs=1e-5)
     assert masked.item() == pytest.approx(0.5 / 3, abs=1e-5)     # weights 0, 0.5, 1: 0, 1, -0.5 -> 0.5 / 3
     assert parts["rollout/tis_clipped_frac"][0] == pytest.approx(1.0)   # one token of three over the cap
-    without_engine = {k: v for k, v in mb.items() if k != "logp_engine"}
+    without_engine = dataclasses.replace(mb, logp_engine=None)
     with pytest.raises(ValueError, match="tis_cap .* engine returns none"):
         actor_loss_fn(*args, tis_cap=2.0)(without_engine, 3.0, 1.0)
 

@@ -5,6 +5,7 @@ rank's episodes pooled in one process.
 Ranks are simulated by threads whose collectives meet on a shared board and reduce in rank order, as
 gloo's do; each rank counts the bytes it puts into the collectives."""
 
+import dataclasses
 import math
 import pickle
 import threading
@@ -158,10 +159,10 @@ def scored(episodes: list[Episode]):
     """Per-turn rows of `episodes` with returns and critic values that are functions of each token's id and
     position, so a token has the same ones whichever batch holds it."""
     batch = prepare(episodes, 0, "cpu")
-    ids = batch.data["input_ids"].float()
+    ids = batch.rows.input_ids.float()
     position = torch.arange(ids.shape[1]).float()
-    batch.data["returns"] = torch.sin(1.3 * ids + 0.2 * position) * batch.data["loss_mask"]
-    batch.data["values_old"] = 0.8 * torch.sin(1.3 * ids + 0.2 * position) + 0.3 * torch.cos(ids)
+    batch.rows = dataclasses.replace(batch.rows, returns=torch.sin(1.3 * ids + 0.2 * position) * batch.rows.loss_mask,
+                                     values_old=0.8 * torch.sin(1.3 * ids + 0.2 * position) + 0.3 * torch.cos(ids))
     return batch
 
 
@@ -169,9 +170,9 @@ def test_batch_metrics_reduced_over_ranks_are_those_of_the_pooled_rows():
     parts = shares()
     pooled = scored([e for part in parts for e in part])
     reduced, _ = on_ranks(3, lambda ranks: batch_metrics(scored(parts[ranks.rank]), ranks))
-    sampled = pooled.data["loss_mask"].bool()
-    r, v = pooled.data["returns"][sampled], pooled.data["values_old"][sampled]
-    by_hand = {"data/mask_ones_ratio": 16 / float(pooled.data["attention_mask"].sum()), "data/rows": 8,
+    sampled = pooled.rows.loss_mask.bool()
+    r, v = pooled.rows.returns[sampled], pooled.rows.values_old[sampled]
+    by_hand = {"data/mask_ones_ratio": 16 / float(pooled.rows.attention_mask.sum()), "data/rows": 8,
                "data/bootstrap_prompts": 2, "train/returns_mean": float(r.mean()),
                "train/critic/explained_variance": float(1 - (r - v).var(unbiased=False) / r.var(unbiased=False))}
     for got in reduced:

@@ -2,6 +2,7 @@
 aggregation, scoring in any packing, and the out-of-memory retry with half the budget."""
 
 import copy
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -13,8 +14,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from horizonrl.config import SOURCE_CONFIGS, MicroBatchBudget, load_config
 from horizonrl.learner.models import ValueModel
 from horizonrl.learner.scoring import pack_rows, pack_shared_rows, prompt_values, score
-from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates, optimizer_step
+from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, minibatch_updates, optimizer_step
 from horizonrl.plan import GIB, auto_token_budget
+from horizonrl.samples.tensors import Rows
 from horizonrl.train.context import micro_batch_budget
 
 TOY = SOURCE_CONFIGS / "toy.yaml"
@@ -84,9 +86,8 @@ def test_scoring_that_shares_prefixes_stays_within_the_token_budget(policy):
     from horizonrl.learner.shared_prefix import share_prefixes, stop_sharing
 
     tokens = rows_the_estimate_packs_over_the_budget(VOCAB)
-    data = {"input_ids": torch.tensor(tokens), "attention_mask": torch.ones(3, 200, dtype=torch.long),
-            "loss_mask": torch.ones(3, 200, dtype=torch.long)}
-    expected = score(data, MicroBatchBudget(3), actor=policy)["logp_old"]
+    data = Rows(torch.tensor(tokens), torch.ones(3, 200, dtype=torch.long), torch.ones(3, 200, dtype=torch.long))
+    expected = score(data, MicroBatchBudget(3), actor=policy).logp_old
     slots: list[int] = []                         # per micro-batch, the input ids of every pass of the body
     body = lm_body(policy)
     hook = body.register_forward_pre_hook(lambda _, args, kwargs: slots.__setitem__(-1, slots[-1] +
@@ -103,7 +104,7 @@ def test_scoring_that_shares_prefixes_stays_within_the_token_budget(policy):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(scoring, "token_logprobs", counted)
             slots.clear()
-            actual = score(data, MicroBatchBudget(1, 530, shared_prefix=True), actor=policy)["logp_old"]
+            actual = score(data, MicroBatchBudget(1, 530, shared_prefix=True), actor=policy).logp_old
     finally:
         hook.remove()
         stop_sharing(body)
@@ -160,11 +161,11 @@ def data(policy):
     lengths = torch.tensor(LENGTHS)[:, None]
     attention_mask = (positions < lengths).long()
     loss_mask = attention_mask * (positions >= lengths // 4).long()
-    rows = {"input_ids": input_ids * attention_mask, "attention_mask": attention_mask, "loss_mask": loss_mask}
-    rows.update(score(rows, MicroBatchBudget(len(LENGTHS)), actor=policy))
-    rows["logp_ref"] = rows["logp_old"] + 0.1 * torch.randn(loss_mask.shape, generator=generator) * loss_mask
-    rows["advantages"] = torch.randn(loss_mask.shape, generator=generator) * loss_mask
-    return rows
+    rows = Rows(input_ids * attention_mask, attention_mask, loss_mask)
+    rows = dataclasses.replace(rows, **score(rows, MicroBatchBudget(len(LENGTHS)), actor=policy).given())
+    return dataclasses.replace(
+        rows, logp_ref=rows.logp_old + 0.1 * torch.randn(loss_mask.shape, generator=generator) * loss_mask,
+        advantages=torch.randn(loss_mask.shape, generator=generator) * loss_mask)
 
 
 def step(policy, data, budget, loss_agg, wrap=lambda loss_fn: loss_fn):
@@ -175,7 +176,7 @@ def step(policy, data, budget, loss_agg, wrap=lambda loss_fn: loss_fn):
     loss_fn = wrap(actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.01, loss_agg, 1.0, kl_loss_coef=0.1))
     stats = Stats()
     rows = list(range(len(LENGTHS)))
-    optimizer_step(optimizer, data, rows, budget, loss_fn, float(data["loss_mask"].sum()), float(len(rows)),
+    optimizer_step(optimizer, data, rows, budget, loss_fn, float(data.loss_mask.sum()), float(len(rows)),
                    1.0, stats)
     return dict(actor.named_parameters()), stats
 
@@ -198,10 +199,10 @@ def test_scores_do_not_depend_on_the_packing(policy, data):
     one_pass = MicroBatchBudget(len(LENGTHS))
     expected = score(data, one_pass, 0.9, actor=policy, reference=policy, critic=critic)
     actual = score(data, MicroBatchBudget(1, 400), 0.9, actor=policy, reference=policy, critic=critic)
-    assert actual.keys() == expected.keys() == {"logp_old", "entropy", "logp_ref", "values_old"}
-    for key in expected:
-        torch.testing.assert_close(actual[key], expected[key], atol=1e-5, rtol=0, msg=key)
-    prompts = [row[:n].tolist() for row, n in zip(data["input_ids"], LENGTHS)]
+    assert actual.given().keys() == expected.given().keys() == {"logp_old", "entropy", "logp_ref", "values_old"}
+    for key, value in expected.given().items():
+        torch.testing.assert_close(actual.given()[key], value, atol=1e-5, rtol=0, msg=key)
+    prompts = [row[:n].tolist() for row, n in zip(data.input_ids, LENGTHS)]
     torch.testing.assert_close(prompt_values(critic, prompts, 0, MicroBatchBudget(1, 400), "cpu"),
                                prompt_values(critic, prompts, 0, one_pass, "cpu"), atol=1e-5, rtol=0)
 
@@ -214,7 +215,7 @@ def out_of_memory_above(tokens: int, error=CUDA_OUT_OF_MEMORY):
     (rows x width) tokens."""
     def wrap(loss_fn):
         def flaky(mb, num_tokens, num_seqs):
-            if mb["input_ids"].numel() > tokens:
+            if mb.input_ids.numel() > tokens:
                 raise error
             return loss_fn(mb, num_tokens, num_seqs)
         return flaky
@@ -261,13 +262,13 @@ def test_a_halved_budget_holds_for_the_later_steps(policy, data):
     loss_fn = out_of_memory_above(512)(actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0))
     stats = Stats()
     minibatch_updates(data, len(LENGTHS), MicroBatchBudget(1, 1024), 2, torch.Generator().manual_seed(0),
-                      [(torch.optim.SGD(actor.parameters(), lr=0.1), loss_fn, 1.0, stats)])
+                      [UpdateStep(torch.optim.SGD(actor.parameters(), lr=0.1), loss_fn, 1.0, stats)])
     assert stats.means("")["oom_retries"] == 1                # 2 steps, only the first one retried
 
 
 def test_a_nan_loss_skips_the_update_and_counts_it(policy, data):
-    nan_data = dict(data, advantages=data["advantages"].clone())
-    nan_data["advantages"][1, -1] = float("nan")              # a padded position: NaN * 0 is still NaN
+    nan_data = dataclasses.replace(data, advantages=data.advantages.clone())
+    nan_data.advantages[1, -1] = float("nan")              # a padded position: NaN * 0 is still NaN
     actual, stats = step(policy, nan_data, MicroBatchBudget(len(LENGTHS)), "token-mean")
     for name, param in policy.named_parameters():
         assert torch.equal(actual[name], param), name

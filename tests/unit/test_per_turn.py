@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from horizonrl.records import Episode, Turn
-from horizonrl.samples import TurnIndex, per_turn, row_tensors
+from horizonrl.samples import Rows, TurnIndex, per_turn
 
 
 def turn(prompt, response, reward=0.0, terminated=False, truncated=False):
@@ -41,12 +41,12 @@ def test_unfinished_fragment_without_bootstrap_prompt_is_an_error():
 def test_turn_index_round_trip():
     episodes = [Episode("a", "t", 0, turns=[turn([1, 2], [3]), turn([1, 2, 3, 4], [5, 6, 7], terminated=True)])]
     batch = per_turn(episodes)
-    data = row_tensors(batch, pad_id=0)
-    assert data["input_ids"].tolist() == [[1, 2, 3, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]]
-    assert data["attention_mask"].tolist() == [[1, 1, 1, 0, 0, 0, 0], [1] * 7]
+    data = Rows.of(batch, pad_id=0)
+    assert data.input_ids.tolist() == [[1, 2, 3, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6, 7]]
+    assert data.attention_mask.tolist() == [[1, 1, 1, 0, 0, 0, 0], [1] * 7]
     index = TurnIndex.of(batch)
-    turns = index.to_turns(data["input_ids"].float())
+    turns = index.to_turns(data.input_ids.float())
     assert turns.tolist() == [[3, 0, 0], [5, 6, 7]]
     assert index.mask.tolist() == [[1, 0, 0], [1, 1, 1]]
-    rows = index.to_rows(turns, data["input_ids"].shape)
-    assert torch.equal(rows, data["input_ids"].float() * data["loss_mask"])
+    rows = index.to_rows(turns, data.input_ids.shape)
+    assert torch.equal(rows, data.input_ids.float() * data.loss_mask)

@@ -10,6 +10,7 @@ from transformers import Gemma2Config, Llama4TextConfig, LlamaConfig, MistralCon
 from horizonrl.config import ConfigError
 from horizonrl.learner.shared_prefix import (Plan, attention_window, fewest_slots, in_token_order, prefix_groups,
                                              shared_with_previous, two_passes)
+from horizonrl.samples.tensors import Rows
 
 
 def test_rows_sharing_a_prefix_form_one_group_and_a_row_alone_stays_out():
@@ -60,8 +61,8 @@ def test_a_long_chain_of_growing_histories_groups_the_rows_that_skip_most():
 
 def test_rows_in_token_order_with_the_prefix_each_shares_with_the_one_before():
     rows = [[5, 6, 7, 8], [1, 2, 3], [5, 6, 9], [1, 2, 3, 4]]
-    data = {"input_ids": torch.tensor([r + [0] * (4 - len(r)) for r in rows]),
-            "attention_mask": torch.tensor([[1] * len(r) + [0] * (4 - len(r)) for r in rows])}
+    attention_mask = torch.tensor([[1] * len(r) + [0] * (4 - len(r)) for r in rows])
+    data = Rows(torch.tensor([r + [0] * (4 - len(r)) for r in rows]), attention_mask, attention_mask.float())
     order, tokens = in_token_order(data, range(4))
     assert order == [1, 3, 0, 2] and tokens == [rows[i] for i in order]
     # sorted: [1, 2, 3], [1, 2, 3, 4], [5, 6, 7, 8], [5, 6, 9]; [1, 2, 3] keeps its last token: 2 shared, not 3

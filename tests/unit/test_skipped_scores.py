@@ -11,6 +11,7 @@ The reference and the actor are counted in forward passes of their bodies, not r
 """
 
 import copy
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -19,8 +20,9 @@ import torch
 from horizonrl.config import MicroBatchBudget, TrainConfig
 from horizonrl.learner.models import load_policy
 from horizonrl.learner.scoring import score
-from horizonrl.learner.update import Stats, actor_loss_fn, minibatch_updates
+from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, minibatch_updates
 from horizonrl.records import Episode, Turn
+from horizonrl.samples.tensors import Rows
 from horizonrl.train import phases
 
 LENGTHS = [23, 9, 17, 30, 12, 26]       # rows of prompt + response, responses the last 8 tokens
@@ -42,42 +44,41 @@ def rows(tiny):
     positions = torch.arange(max(LENGTHS))
     attention_mask = (positions < lengths).long()
     loss_mask = (attention_mask * (positions >= lengths - SAMPLED)).float()
-    data = {"input_ids": torch.randint(policy.config.vocab_size, attention_mask.shape, generator=generator)
-            * attention_mask, "attention_mask": attention_mask, "loss_mask": loss_mask}
-    logp = score(data, MicroBatchBudget(len(LENGTHS)), actor=policy)["logp_old"]
-    data["logp_engine"] = logp + 0.5 * torch.randn(loss_mask.shape, generator=generator) * loss_mask
-    data["logp_ref"] = logp - 0.2 * loss_mask
-    data["advantages"] = torch.randn(loss_mask.shape, generator=generator) * loss_mask
-    return data
+    data = Rows(torch.randint(policy.config.vocab_size, attention_mask.shape, generator=generator) * attention_mask,
+                attention_mask, loss_mask)
+    logp = score(data, MicroBatchBudget(len(LENGTHS)), actor=policy).logp_old
+    return dataclasses.replace(
+        data, logp_engine=logp + 0.5 * torch.randn(loss_mask.shape, generator=generator) * loss_mask,
+        logp_ref=logp - 0.2 * loss_mask, advantages=torch.randn(loss_mask.shape, generator=generator) * loss_mask)
 
 
-def one_step(policy, data: dict, budget: MicroBatchBudget) -> tuple[dict, dict]:
+def one_step(policy, data: Rows, budget: MicroBatchBudget) -> tuple[dict, dict]:
     """(gradient of every parameter, statistics) of one minibatch_updates step of the actor loss on all
     rows: an SGD step of lr 1 with the gradient norm unclipped, so the gradient is old - new."""
     actor = copy.deepcopy(policy)
     before = {name: p.detach().clone() for name, p in actor.named_parameters()}
     loss_fn = actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0, tis_cap=TIS_CAP)
     stats = Stats()
-    minibatch_updates(data, len(data["input_ids"]), budget, 1, torch.Generator().manual_seed(0),
-                      [(torch.optim.SGD(actor.parameters(), lr=1.0), loss_fn, 1e9, stats)])
+    minibatch_updates(data, len(data), budget, 1, torch.Generator().manual_seed(0),
+                      [UpdateStep(torch.optim.SGD(actor.parameters(), lr=1.0), loss_fn, 1e9, stats)])
     return {name: before[name] - p.detach() for name, p in actor.named_parameters()}, stats.means("train/actor/")
 
 
-def surrogate_gradient(policy, data: dict) -> dict:
+def surrogate_gradient(policy, data: Rows) -> dict:
     """d/dtheta of -sum_t w_t A_t logp_t / n, logp from the model's full logits."""
     actor = copy.deepcopy(policy)
-    ids, mask = data["input_ids"], data["loss_mask"][:, 1:]
-    log_probs = actor(input_ids=ids, attention_mask=data["attention_mask"]).logits[:, :-1].log_softmax(dim=-1)
+    ids, mask = data.input_ids, data.loss_mask[:, 1:]
+    log_probs = actor(input_ids=ids, attention_mask=data.attention_mask).logits[:, :-1].log_softmax(dim=-1)
     logp = log_probs.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    weights = torch.exp(logp.detach() - data["logp_engine"][:, 1:]).clamp(max=TIS_CAP)
-    (-(weights * data["advantages"][:, 1:] * logp * mask).sum() / mask.sum()).backward()
+    weights = torch.exp(logp.detach() - data.logp_engine[:, 1:]).clamp(max=TIS_CAP)
+    (-(weights * data.advantages[:, 1:] * logp * mask).sum() / mask.sum()).backward()
     return {name: p.grad for name, p in actor.named_parameters()}
 
 
 @pytest.mark.parametrize("budget", [MicroBatchBudget(len(LENGTHS)), MicroBatchBudget(2), MicroBatchBudget(1, 60)])
 def test_one_step_without_old_log_probs_is_the_step_with_them(tiny, rows, budget):
     policy = tiny[1]
-    scored = dict(rows, logp_old=score(rows, MicroBatchBudget(len(LENGTHS)), actor=policy)["logp_old"])
+    scored = dataclasses.replace(rows, logp_old=score(rows, MicroBatchBudget(len(LENGTHS)), actor=policy).logp_old)
     expected_grads, expected_stats = one_step(policy, scored, budget)
     grads, stats = one_step(policy, rows, budget)
     independent = surrogate_gradient(policy, rows)
@@ -93,9 +94,9 @@ def test_one_step_without_old_log_probs_is_the_step_with_them(tiny, rows, budget
 
 def test_the_sampler_statistics_are_those_of_the_scored_log_probs(tiny, rows):
     """|logp_old - logp_engine| and min(exp(logp_old - logp_engine), cap) averaged over sampled tokens."""
-    logp_old = score(rows, MicroBatchBudget(len(LENGTHS)), actor=tiny[1])["logp_old"]
-    mask = rows["loss_mask"].bool()
-    gap = (logp_old - rows["logp_engine"])[mask]
+    logp_old = score(rows, MicroBatchBudget(len(LENGTHS)), actor=tiny[1]).logp_old
+    mask = rows.loss_mask.bool()
+    gap = (logp_old - rows.logp_engine)[mask]
     _, stats = one_step(tiny[1], rows, MicroBatchBudget(len(LENGTHS)))
     assert stats["rollout/logprob_abs_diff"] == pytest.approx(float(gap.abs().mean()), rel=1e-5)
     assert stats["rollout/tis_weight_mean"] == pytest.approx(float(gap.exp().clamp(max=TIS_CAP).mean()), rel=1e-5)
@@ -149,7 +150,8 @@ def test_a_network_scores_the_rows_only_when_a_term_reads_them(tiny, tmp_path, c
                           micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size))
     batch = phases.score(ctx, episodes(ROWS), critic=None)
     assert passes == {"actor": actor_passes, "reference": reference_passes}
-    assert ("logp_old" in batch.data, "logp_ref" in batch.data) == (actor_passes > 0, reference_passes > 0)
+    scored = (batch.rows.logp_old is not None, batch.rows.logp_ref is not None)
+    assert scored == (actor_passes > 0, reference_passes > 0)
 
 
 def test_the_critic_warmup_batches_are_scored_by_no_policy_without_a_kl_in_the_reward(tiny, tmp_path):
@@ -159,4 +161,4 @@ def test_the_critic_warmup_batches_are_scored_by_no_policy_without_a_kl_in_the_r
                           tokenizer=tokenizer, run_dir=tmp_path, ranks=phases.LOCAL, engine=UNSYNCED,
                           micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size))
     batch = phases.score(ctx, episodes(ROWS), critic=None, updates_actor=False)
-    assert not {"logp_old", "logp_ref"} & batch.data.keys()
+    assert batch.rows.logp_old is None and batch.rows.logp_ref is None

@@ -9,6 +9,7 @@ positions at a time (`learner.chunked_logits`); the critic has no vocabulary hea
 from __future__ import annotations
 
 import types
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -21,7 +22,7 @@ from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.lora import AdaptersOff, adapters_disabled, lm_body
 from horizonrl.learner.shared_prefix import (MIN_SHARED_TOKENS, Plan, body_hidden, in_token_order, plan, planned,
                                              shared_with_previous)
-from horizonrl.samples.tensors import pad
+from horizonrl.samples.tensors import Rows, pad
 
 
 SHARDED_LOGPROBS = "horizonrl_token_logprobs"   # the FSDP2 forward method of a sharded policy
@@ -147,69 +148,56 @@ def shared_estimate(group: list[int], lengths: list[int], shared: list[int]) -> 
     return prefix + len(group) * (longest - prefix)
 
 
-def micro_batches(data: dict[str, Tensor], rows, budget: MicroBatchBudget) -> list[tuple[list[int], Plan]]:
+def micro_batches(data: Rows, rows, budget: MicroBatchBudget) -> list[tuple[list[int], Plan]]:
     """`rows` (positions in data's [R, T] tensors) in micro-batches within `budget`, each with the Plan its forward
     runs: pack_rows and the plain pass (a Plan of no sharing), or, with optim.shared_prefix, pack_shared_rows over
     the rows in token order (rows that share a prefix next to each other)."""
     rows = list(rows)
     if not budget.shared_prefix:
-        lengths = data["attention_mask"][rows].sum(dim=1).tolist()
+        lengths = data.attention_mask[rows].sum(dim=1).tolist()
         return [([rows[i] for i in group], Plan([lengths[i] for i in group], [], min_shared=None))
                 for group in pack_rows(lengths, budget)]
     order, tokens = in_token_order(data, rows)
     return [([order[i] for i in group], micro_batch) for group, micro_batch in pack_shared_rows(tokens, budget)]
 
 
-def select_rows(data: dict[str, Tensor], rows: list[int]) -> dict[str, Tensor]:
-    """`rows` of every tensor, trimmed to the longest of them (rows are right-padded)."""
-    index = torch.tensor(rows, device=data["input_ids"].device)
-    width = int(data["attention_mask"][index].sum(dim=1).max())
-    return {key: value[index, :width] for key, value in data.items()}
-
-
-def empty_micro_batch(data: dict[str, Tensor]) -> dict[str, Tensor]:
-    """A micro-batch that changes nothing: one row of two tokens, the second "sampled", every other
-    value zero. A rank with fewer micro-batches than another runs these (its loss times zero), so
-    that every rank joins the same number of FSDP collectives and every parameter gets a gradient."""
-    mb = {key: torch.zeros((1, 2), dtype=value.dtype, device=value.device) for key, value in data.items()}
-    mb["attention_mask"] += 1
-    mb["loss_mask"][0, 1] = 1
-    return mb
-
-
 def padded_groups(groups: list, ranks: Ranks, empty=None) -> list:
-    """`groups` followed by `empty` up to the most groups any rank has (see empty_micro_batch)."""
+    """`groups` followed by `empty` up to the most groups any rank has (see Rows.empty)."""
     return groups + [empty] * (ranks.max(len(groups)) - len(groups))
 
 
+class Scores(NamedTuple):
+    """[R, T] scores of a batch's rows (`score`); None for a network that was not given."""
+
+    logp_old: Tensor | None     # the actor's log-probs
+    entropy: Tensor | None      # the actor's entropies
+    logp_ref: Tensor | None     # the reference's log-probs
+    values_old: Tensor | None   # the critic's values
+
+    def given(self) -> dict[str, Tensor]:
+        """The scores of the networks given, by name (the names of Rows' fields)."""
+        return {name: value for name, value in self._asdict().items() if value is not None}
+
+
 @torch.no_grad()
-def score(data: dict[str, Tensor], budget: MicroBatchBudget, temperature: float = 1.0, actor=None,
-          reference=None, critic=None, ranks: Ranks = LOCAL) -> dict[str, Tensor]:
-    """[R, T] tensors from the networks given: logp_old and entropy (actor), logp_ref (reference),
-    values_old (critic). Every rank runs as many forward passes as the rank with the most."""
-    out: dict[str, Tensor] = {}
-
-    def keep(key: str, rows: list[int] | None, value: Tensor) -> None:
-        if rows is None:
-            return
-        if key not in out:
-            out[key] = torch.zeros(data["input_ids"].shape, dtype=value.dtype, device=value.device)
-        out[key][rows, :value.shape[1]] = value
-
-    for rows, micro_batch in padded_groups(micro_batches(data, range(data["input_ids"].shape[0]), budget), ranks,
-                                           (None, None)):
-        mb = select_rows(data, rows) if rows is not None else empty_micro_batch(data)
-        args = (mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
+def score(data: Rows, budget: MicroBatchBudget, temperature: float = 1.0, actor=None, reference=None, critic=None,
+          ranks: Ranks = LOCAL) -> Scores:
+    """The scores of the networks given: logp_old and entropy (actor), logp_ref (reference), values_old (critic),
+    each in the dtype its network gives. Every rank runs as many forward passes as the rank with the most."""
+    out: list[Tensor | None] = [None] * len(Scores._fields)
+    for rows, micro_batch in padded_groups(micro_batches(data, range(len(data)), budget), ranks, (None, None)):
+        mb = data.select(rows) if rows is not None else data.empty()
+        args = (mb.input_ids, mb.attention_mask, mb.loss_mask)
         with planned(micro_batch):
-            if actor is not None:
-                logp, entropy = token_logprobs(actor, *args, temperature=temperature)
-                keep("logp_old", rows, logp)
-                keep("entropy", rows, entropy)
-            if reference is not None:
-                keep("logp_ref", rows, token_logprobs(reference, *args, temperature=temperature)[0])
-            if critic is not None:
-                keep("values_old", rows, token_values(critic, *args))
-    return out
+            logp, entropy = (None, None) if actor is None else token_logprobs(actor, *args, temperature=temperature)
+            logp_ref = None if reference is None else token_logprobs(reference, *args, temperature=temperature)[0]
+            values = None if critic is None else token_values(critic, *args)
+        for k, value in enumerate((logp, entropy, logp_ref, values)):
+            if rows is not None and value is not None:
+                if out[k] is None:
+                    out[k] = torch.zeros(data.input_ids.shape, dtype=value.dtype, device=value.device)
+                out[k][rows, :value.shape[1]] = value
+    return Scores(*out)
 
 
 @torch.no_grad()

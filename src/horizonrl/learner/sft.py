@@ -12,9 +12,9 @@ import torch
 from tqdm import tqdm
 
 from horizonrl.algos.losses import aggregate
-from horizonrl.learner.scoring import select_rows, token_logprobs
+from horizonrl.learner.scoring import token_logprobs
 from horizonrl.records import SampleBatch
-from horizonrl.samples.tensors import row_tensors
+from horizonrl.samples.tensors import Rows
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
         raise ValueError(f"supervised fine-tuning has no rows to learn from ({steps} steps asked): no "
                          "demonstration turn (turns that deviated from the expert are not learned from)")
     device = next(model.parameters()).device
-    data = row_tensors(batch, pad_id, device)
+    data = Rows.of(batch, pad_id, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: sft_lr_factor(lr_decay, done, steps))
     generator = torch.Generator().manual_seed(seed)
@@ -48,9 +48,9 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
             check()
             rows = [learnable[i] for i in torch.randint(n_rows, (min(batch_size, n_rows),),
                                                         generator=generator).tolist()]
-            mb = select_rows(data, rows)
-            logp, _ = token_logprobs(model, mb["input_ids"], mb["attention_mask"], mb["loss_mask"])
-            loss = -aggregate(logp, mb["loss_mask"], "token-mean")
+            mb = data.select(rows)
+            logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
+            loss = -aggregate(logp, mb.loss_mask, "token-mean")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

@@ -36,6 +36,7 @@ from transformers import DynamicCache
 from horizonrl.config import ConfigError
 from horizonrl.engines.hf import cache_keyword
 from horizonrl.learner.distributed import LOCAL, Ranks
+from horizonrl.samples.tensors import Rows
 
 log = logging.getLogger(__name__)
 
@@ -113,12 +114,12 @@ def row_tokens(input_ids: Tensor, attention_mask: Tensor) -> list[list[int]]:
     return [ids[:n] for ids, n in zip(input_ids.tolist(), attention_mask.sum(dim=1).tolist())]
 
 
-def in_token_order(data: dict[str, Tensor], rows) -> tuple[list[int], list[list[int]]]:
+def in_token_order(data: Rows, rows) -> tuple[list[int], list[list[int]]]:
     """`rows` (positions in data's [R, T] tensors) sorted by their tokens, rows that share a prefix next to each
     other (for micro-batches that share it, MicroBatchBudget.shared_prefix), and their tokens in that order: the
     one host copy of the rows that packing and every micro-batch's `Plan` read."""
     rows = list(rows)
-    tokens = row_tokens(data["input_ids"][rows], data["attention_mask"][rows])
+    tokens = row_tokens(data.input_ids[rows], data.attention_mask[rows])
     order = sorted(range(len(rows)), key=tokens.__getitem__)
     return [rows[i] for i in order], [tokens[i] for i in order]
 

@@ -10,7 +10,7 @@ Across ranks (torchrun), a mini-batch is every rank's share of it: `mini_batch_s
 rows of each rank's own rows, normalised by the token and row counts summed over the ranks, and the
 FSDP2 gradients are summed over the ranks, so one step equals the step of one process on the union of
 the rows. Every rank runs as many mini-batches and micro-batches as the rank with the most, padding
-with empty ones (see learner.scoring.empty_micro_batch); the statistics are summed over the ranks.
+with empty ones (see samples.tensors.Rows.empty); the statistics are summed over the ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -28,13 +29,13 @@ from horizonrl.algos.losses import (aggregate, approx_kl, first_token_weights, p
                                     value_loss)
 from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.distributed import LOCAL, Ranks, clip_grad_norm
-from horizonrl.learner.scoring import (empty_micro_batch, micro_batches, padded_groups, select_rows, token_logprobs,
-                                       token_values)
+from horizonrl.learner.scoring import micro_batches, padded_groups, token_logprobs, token_values
 from horizonrl.learner.shared_prefix import Plan, planned
+from horizonrl.samples.tensors import Rows
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[dict[str, Tensor], float, float], tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]]
+LossFn = Callable[[Rows, float, float], tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]]
 
 
 class Stats:
@@ -75,11 +76,10 @@ def is_out_of_memory(error: BaseException) -> bool:
                                                          and "out of memory" in str(error))
 
 
-def accumulate_gradients(optimizer, batches: Iterable[tuple[dict[str, Tensor] | None, Plan | None]],
-                         loss_fn: LossFn, num_tokens: float, num_seqs: float,
-                         data: dict[str, Tensor]) -> tuple[float, Stats]:
-    """Zero the gradients, then backward every micro-batch's loss (None: an empty micro-batch of
-    `data`'s keys, whose loss counts zero), its forward run as its Plan says (None: the empty one's own);
+def accumulate_gradients(optimizer, batches: Iterable[tuple[Rows | None, Plan | None]], loss_fn: LossFn,
+                         num_tokens: float, num_seqs: float, data: Rows) -> tuple[float, Stats]:
+    """Zero the gradients, then backward every micro-batch's loss (None: `data.empty()`, whose loss counts
+    zero), its forward run as its Plan says (None: the empty one's own);
     returns the summed loss and the loss function's statistics.
     Losses and statistics stay on the device until the last micro-batch and cross to the host in one
     transfer: a GPU never waits for the host inside the loop."""
@@ -88,7 +88,7 @@ def accumulate_gradients(optimizer, batches: Iterable[tuple[dict[str, Tensor] | 
     for mb, micro_batch in batches:
         empty = mb is None
         with planned(micro_batch):
-            loss, parts = loss_fn(empty_micro_batch(data) if empty else mb, num_tokens, num_seqs)
+            loss, parts = loss_fn(data.empty() if empty else mb, num_tokens, num_seqs)
         if empty:
             loss = loss * 0.0
         loss.backward()
@@ -105,7 +105,7 @@ def accumulate_gradients(optimizer, batches: Iterable[tuple[dict[str, Tensor] | 
     return values[0], stats
 
 
-def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: MicroBatchBudget,
+def optimizer_step(optimizer, data: Rows, rows: list[int], budget: MicroBatchBudget,
                    loss_fn: LossFn, num_tokens: float, num_seqs: float, grad_clip: float,
                    stats: Stats, ranks: Ranks = LOCAL) -> MicroBatchBudget:
     """One optimizer step over the mini-batch `rows` of `data`, in micro-batches within `budget`.
@@ -121,7 +121,7 @@ def optimizer_step(optimizer, data: dict[str, Tensor], rows: list[int], budget: 
         try:
             packed = micro_batches(data, rows, budget)
             loss_total, step_stats = accumulate_gradients(
-                optimizer, ((select_rows(data, group) if group is not None else None, micro_batch)
+                optimizer, ((data.select(group) if group is not None else None, micro_batch)
                             for group, micro_batch in padded_groups(packed, ranks, (None, None))),
                 loss_fn, num_tokens, num_seqs, data)
             break
@@ -164,15 +164,15 @@ def token_total(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) -> LossFn:
     """Clipped value loss, token-mean over the mini-batch, first token of each turn weighted."""
     def loss_fn(mb, num_tokens, num_seqs):
-        mask = mb["loss_mask"]
-        values = token_values(critic, mb["input_ids"], mb["attention_mask"], mask)
-        per_token, clipped = value_loss(values, mb["values_old"], mb["returns"], value_clip)
+        mask = mb.loss_mask
+        values = token_values(critic, mb.input_ids, mb.attention_mask, mask)
+        per_token, clipped = value_loss(values, mb.values_old, mb.returns, value_clip)
         weights = first_token_weights(mask, first_token_weight)
         loss = aggregate(per_token * weights, mask, "token-mean", num_tokens=num_tokens)
         with torch.no_grad():
             parts = {"value_loss": token_total(per_token * weights, mask),
                      "value_clipfrac": token_total(clipped, mask),
-                     "value_mse": token_total((values - mb["returns"]) ** 2, mask)}
+                     "value_mse": token_total((values - mb.returns) ** 2, mask)}
         return loss, parts
     return loss_fn
 
@@ -184,9 +184,10 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
     - entropy_coef * entropy + kl_loss_coef * k3 KL(pi || pi_ref) (GRPO's beta term, differentiated
     through pi), each aggregated by `loss_agg`.
 
-    logp_old: the micro-batch's scored log-probs, or, when it has none, this forward's own, detached. That
-    is exact only in an update of one optimizer step (`single_optimizer_step`): before its step the policy
-    is the old one, so rho = 1 and the TIS weights are min(exp(logp - logp_engine), cap).
+    logp_old: the micro-batch's scored log-probs, or, when it has none (phases.needed_scores did not score the
+    actor), this forward's own, detached. That is exact only in an update of one optimizer step
+    (`single_optimizer_step`): before its step the policy is the old one, so rho = 1 and the TIS weights are
+    min(exp(logp - logp_engine), cap).
 
     Besides the loss terms, statistics of logp_old, so that they exist whether it was scored or not:
     `train/kl_ref` (k3 KL(pi_old || pi_ref), when there is a logp_ref) and the sampler's consistency,
@@ -196,33 +197,33 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
     `rollout/logprob_abs_diff_current` (float rounding only, where the engine holds those weights; the
     served-policy check, train/sync_check.py, scores probe rows of its own instead, at every staleness)."""
     def loss_fn(mb, num_tokens, num_seqs):
-        mask = mb["loss_mask"]
-        logp, entropy = token_logprobs(actor, mb["input_ids"], mb["attention_mask"], mask, temperature)
-        logp_old = mb["logp_old"] if "logp_old" in mb else logp.detach()
-        pg, clipped = ppo_policy_loss(logp, logp_old, mb["advantages"], clip_low, clip_high, dual_clip)
+        mask = mb.loss_mask
+        logp, entropy = token_logprobs(actor, mb.input_ids, mb.attention_mask, mask, temperature)
+        logp_old = logp.detach() if mb.logp_old is None else mb.logp_old
+        pg, clipped = ppo_policy_loss(logp, logp_old, mb.advantages, clip_low, clip_high, dual_clip)
         if tis_cap is not None:
-            if "logp_engine" not in mb:
+            if mb.logp_engine is None:
                 raise ValueError("actor.tis_cap weights tokens by the engine's log-probs, and this engine returns none")
-            weights = tis_weights(logp_old, mb["logp_engine"], tis_cap, tis_mode)
+            weights = tis_weights(logp_old, mb.logp_engine, tis_cap, tis_mode)
             pg = pg * weights
         loss = aggregate(pg, mask, loss_agg, num_tokens, num_seqs)
         loss = loss - entropy_coef * aggregate(entropy, mask, loss_agg, num_tokens, num_seqs)
         if kl_loss_coef:
-            kl = kl_estimate(logp, mb["logp_ref"], "k3")
+            kl = kl_estimate(logp, mb.logp_ref, "k3")
             loss = loss + kl_loss_coef * aggregate(kl, mask, loss_agg, num_tokens, num_seqs)
         with torch.no_grad():
             parts = {"pg_loss": token_total(pg, mask), "clipfrac": token_total(clipped, mask),
                      "approx_kl": token_total(approx_kl(logp, logp_old), mask), "entropy": token_total(entropy, mask)}
             if kl_loss_coef:
                 parts["kl_loss"] = token_total(kl, mask)
-            if "logp_ref" in mb:
-                parts["train/kl_ref"] = token_total(kl_estimate(logp_old, mb["logp_ref"], "k3"), mask)
-            if "logp_engine" in mb:
-                gap = logp_old - mb["logp_engine"]
+            if mb.logp_ref is not None:
+                parts["train/kl_ref"] = token_total(kl_estimate(logp_old, mb.logp_ref, "k3"), mask)
+            if mb.logp_engine is not None:
+                gap = logp_old - mb.logp_engine
                 parts["rollout/logprob_abs_diff"] = token_total(gap.abs(), mask)
-                if "sampled_by_current" in mb:        # the tokens of the weights being trained: rounding only
-                    current = mask * mb["sampled_by_current"]
-                    parts["rollout/current_weights_frac"] = token_total(mb["sampled_by_current"], mask)
+                if mb.sampled_by_current is not None:        # the tokens of the weights being trained: rounding only
+                    current = mask * mb.sampled_by_current
+                    parts["rollout/current_weights_frac"] = token_total(mb.sampled_by_current, mask)
                     parts["rollout/logprob_abs_diff_current"] = token_total(gap.abs(), current)
                 if tis_cap is not None:
                     parts["rollout/tis_weight_mean"] = token_total(weights, mask)
@@ -247,14 +248,24 @@ def single_optimizer_step(n_rows: int, mini_batch_size: int, epochs: int, ranks:
     return epochs == 1 and optimizer_steps_per_epoch(n_rows, mini_batch_size, ranks) == 1
 
 
-def minibatch_updates(data: dict[str, Tensor], mini_batch_size: int, budget: MicroBatchBudget, epochs: int,
-                      generator: torch.Generator, steps: list[tuple[object, LossFn, float, Stats]],
-                      ranks: Ranks = LOCAL) -> None:
+@dataclass
+class UpdateStep:
+    """What one network's optimizer step on a mini-batch needs: its optimizer, its loss, the gradient norm it is
+    clipped to, and the statistics the step adds to."""
+
+    optimizer: torch.optim.Optimizer
+    loss_fn: LossFn
+    grad_clip: float
+    stats: Stats
+
+
+def minibatch_updates(data: Rows, mini_batch_size: int, budget: MicroBatchBudget, epochs: int,
+                      generator: torch.Generator, steps: list[UpdateStep], ranks: Ranks = LOCAL) -> None:
     """For each epoch, shuffle this rank's rows, cut them into mini-batches of mini_batch_size /
-    world_size rows and run one optimizer step per (optimizer, loss_fn, grad_clip, stats) in `steps`
-    on each mini-batch, as many as the rank with the most (an empty one pads). A budget halved after
-    running out of memory holds for that entry's later steps in this call."""
-    n_rows = data["input_ids"].shape[0]
+    world_size rows and run every one of `steps` on each mini-batch, as many as the rank with the most (an empty
+    one pads). A budget halved after running out of memory holds for that step's later mini-batches in this
+    call."""
+    n_rows = len(data)
     size = rows_per_step(mini_batch_size, ranks)
     n_steps = optimizer_steps_per_epoch(n_rows, mini_batch_size, ranks)
     budgets = [budget] * len(steps)
@@ -262,7 +273,7 @@ def minibatch_updates(data: dict[str, Tensor], mini_batch_size: int, budget: Mic
         order = torch.randperm(n_rows, generator=generator).tolist()
         for step in range(n_steps):
             rows = order[step * size:(step + 1) * size]
-            num_tokens, num_seqs = ranks.sum([float(data["loss_mask"][rows].sum()), float(len(rows))])
-            for i, (optimizer, loss_fn, grad_clip, stats) in enumerate(steps):
-                budgets[i] = optimizer_step(optimizer, data, rows, budgets[i], loss_fn, num_tokens,
-                                            num_seqs, grad_clip, stats, ranks)
+            num_tokens, num_seqs = ranks.sum([float(data.loss_mask[rows].sum()), float(len(rows))])
+            for i, update in enumerate(steps):
+                budgets[i] = optimizer_step(update.optimizer, data, rows, budgets[i], update.loss_fn, num_tokens,
+                                            num_seqs, update.grad_clip, update.stats, ranks)

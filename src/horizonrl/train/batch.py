@@ -1,17 +1,18 @@
 """One iteration's training data: rows, network scores, token rewards, advantages.
 
-Row tensors in `PPOBatch.data` (all [R, T], aligned with input_ids, zero where loss_mask is 0):
+`PPOBatch.rows` (samples/tensors.py Rows, every tensor [R, T]):
     input_ids, attention_mask, loss_mask      from the samples (prepare)
     logp_engine                               the engine's log-probs (when every turn has them)
     sampled_by_current                        1 on the tokens of turns the weights being trained sampled (when
                                               every turn has its weights version and `prepare` is given it)
-    logp_old, entropy, logp_ref, values_old   from the networks score_batch is given (the others are absent)
+    logp_old, entropy, logp_ref, values_old   from the networks score_batch is given (the others stay None)
     advantages, returns                       from the family's advantages (train/ppo.py, train/group.py)
 `bootstrap_values` [B] holds V(s_{T+1}) of each bootstrap prompt (empty without a critic).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from horizonrl.records import Episode, SampleBatch
 from horizonrl.rollout.failures import raise_if_none_succeeded
 from horizonrl.samples.merge import MergeReport, merge_turns, write_mismatches
 from horizonrl.samples.per_turn import per_turn
-from horizonrl.samples.tensors import TurnIndex, row_tensors
+from horizonrl.samples.tensors import Rows, TurnIndex
 
 
 @dataclass
@@ -34,7 +35,7 @@ class PPOBatch:
     episodes: list[Episode]
     samples: SampleBatch
     index: TurnIndex
-    data: dict[str, Tensor]
+    rows: Rows
     bootstrap_values: Tensor
     merge_report: MergeReport | None = None
 
@@ -55,16 +56,17 @@ def prepare(episodes: list[Episode], pad_id: int, device, merge: MergeConfig | N
     samples, merge_report = build_samples(episodes, merge, tokenizer)
     if merge_report is not None and mismatch_log is not None:
         write_mismatches(merge_report, mismatch_log)
-    data = row_tensors(samples, pad_id, device)
+    rows = Rows.of(samples, pad_id, device)
     index = TurnIndex.of(samples, device)
     turns = [t for e in episodes for t in e.turns]                # in the segments' order
     if turns and all(t.response_logprobs is not None for t in turns):
-        data["logp_engine"] = index.to_rows(turn_layout([t.response_logprobs for t in turns], index.mask),
-                                            data["input_ids"].shape)
+        rows = dataclasses.replace(rows, logp_engine=index.to_rows(
+            turn_layout([t.response_logprobs for t in turns], index.mask), rows.input_ids.shape))
     if turns and weights_version is not None and all("weights_version" in t.info for t in turns):
         current = [[float(t.info["weights_version"] == weights_version)] * len(t.response_ids) for t in turns]
-        data["sampled_by_current"] = index.to_rows(turn_layout(current, index.mask), data["input_ids"].shape)
-    return PPOBatch(episodes, samples, index, data, torch.zeros(0, device=device), merge_report)
+        rows = dataclasses.replace(rows, sampled_by_current=index.to_rows(turn_layout(current, index.mask),
+                                                                          rows.input_ids.shape))
+    return PPOBatch(episodes, samples, index, rows, torch.zeros(0, device=device), merge_report)
 
 
 def score_batch(batch: PPOBatch, pad_id: int, budget: MicroBatchBudget, temperature: float = 1.0, actor=None,
@@ -72,11 +74,11 @@ def score_batch(batch: PPOBatch, pad_id: int, budget: MicroBatchBudget, temperat
     """Score the rows with the networks given (learner.scoring.score; a network given again replaces its
     scores) and, with a critic, the bootstrap prompts. Across ranks, each scores its own rows (in as many
     forward passes as the others)."""
-    batch.data.update(score(batch.data, budget, temperature, actor=actor, reference=reference, critic=critic,
-                            ranks=ranks))
+    scores = score(batch.rows, budget, temperature, actor=actor, reference=reference, critic=critic, ranks=ranks)
+    batch.rows = dataclasses.replace(batch.rows, **scores.given())
     if critic is not None:
         batch.bootstrap_values = prompt_values(critic, batch.samples.bootstrap_prompts, pad_id, budget,
-                                               batch.data["input_ids"].device, ranks)
+                                               batch.rows.input_ids.device, ranks)
 
 
 def kept_episodes(episodes: list[Episode], ranks: Ranks = LOCAL) -> list[Episode]:
@@ -109,20 +111,20 @@ def turn_layout(values: list[list[float]], mask: Tensor) -> Tensor:
     return out
 
 
-def sampled_tokens(batches: list[PPOBatch], key: str) -> Tensor:
-    """`key` at the sampled tokens of every batch (this rank's), one flat tensor."""
-    return torch.cat([b.data[key][b.data["loss_mask"].bool()] for b in batches])
+def sampled_tokens(batches: list[PPOBatch], field: str) -> Tensor:
+    """Rows' `field` at the sampled tokens of every batch (this rank's), one flat tensor."""
+    return torch.cat([getattr(b.rows, field)[b.rows.loss_mask.bool()] for b in batches])
 
 
 def batch_metrics(batch: PPOBatch, ranks: Ranks = LOCAL) -> dict[str, float]:
     """Data and critic-fit statistics of a prepared batch, over every rank's rows, from each rank's sums and
     counts (no row crosses the ranks). (The statistics of the learner's old log-probs, KL to the reference
     and the sampler's consistency, come from the actor update: learner/update.py actor_loss_fn.)"""
-    data = batch.data
-    sampled = data["loss_mask"].bool()
+    data = batch.rows
+    sampled = data.loss_mask.bool()
     n, returns_sum, attended, rows, bootstrap_prompts = ranks.sum([
-        float(sampled.sum()), float(data["returns"][sampled].sum()), float(data["attention_mask"].sum()),
-        float(len(data["loss_mask"])), float(len(batch.samples.bootstrap_prompts))])
+        float(sampled.sum()), float(data.returns[sampled].sum()), float(data.attention_mask.sum()),
+        float(len(data)), float(len(batch.samples.bootstrap_prompts))])
     metrics = {
         "data/mask_ones_ratio": n / attended,
         "data/rows": int(rows),
@@ -132,7 +134,7 @@ def batch_metrics(batch: PPOBatch, ranks: Ranks = LOCAL) -> dict[str, float]:
     if batch.merge_report is not None:
         report = batch.merge_report.as_metrics()
         metrics.update(zip(report, map(int, ranks.sum(list(report.values())))))
-    if "values_old" in data:
-        metrics["train/critic/explained_variance"] = explained_variance(data["values_old"], data["returns"],
-                                                                        data["loss_mask"], total=ranks.sum)
+    if data.values_old is not None:
+        metrics["train/critic/explained_variance"] = explained_variance(data.values_old, data.returns,
+                                                                        data.loss_mask, total=ranks.sum)
     return metrics

@@ -15,13 +15,15 @@ per-token reward, hence no KL in the reward; episodes an env error or a failed a
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from horizonrl.algos.gigpo import anchor_group_sizes, gigpo_advantages
 from horizonrl.algos.group import broadcast_to_tokens, group_advantages
 from horizonrl.config import GiGPOConfig
 from horizonrl.learner.distributed import LOCAL, Ranks
-from horizonrl.learner.update import Stats, minibatch_updates
+from horizonrl.learner.update import Stats, UpdateStep, minibatch_updates
 from horizonrl.train import phases
 from horizonrl.train.batch import PPOBatch, kept_episodes
 from horizonrl.train.context import RunContext
@@ -48,8 +50,8 @@ def group_iteration(ctx: RunContext, i: int) -> phases.Iteration:
         group_advantages_to_tokens(batch, cfg.algorithm_spec.estimator, ctx.ranks)
     clock.lap("score")
     actor_stats = Stats()
-    minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
-                      [(ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
+    minibatch_updates(batch.rows, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
+                      [UpdateStep(ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
     probe = phases.sync_engine(ctx)
     clock.lap("update")
     outcome_sum, n_kept = ctx.ranks.sum([sum(e.outcome_reward for e in kept), len(kept)])
@@ -63,8 +65,8 @@ def group_iteration(ctx: RunContext, i: int) -> phases.Iteration:
 def group_advantages_to_tokens(batch: PPOBatch, estimator: str, ranks: Ranks = LOCAL) -> None:
     """Outcome advantages of whole episodes (`group_advantages` over their `outcome_reward`, grouped by
     `group_id`, over every rank's episodes: a group lives on one rank, REINFORCE++ whitens over the
-    whole batch), broadcast over every sampled token of each episode's rows, stored in `data`."""
-    device = batch.data["loss_mask"].device
+    whole batch), broadcast over every sampled token of each episode's rows, stored in the batch's rows."""
+    device = batch.rows.loss_mask.device
     shares = ranks.gather([(e.outcome_reward, e.group_id) for e in batch.episodes])
     everyone = [pair for share in shares for pair in share]
     groups = {g: i for i, g in enumerate(dict.fromkeys(g for _, g in everyone))}
@@ -79,17 +81,18 @@ def group_advantages_to_tokens(batch: PPOBatch, estimator: str, ranks: Ranks = L
         for _ in episode.turns:
             row_episode[batch.samples.segments[segment].row] = episode_index
             segment += 1
-    batch.data["advantages"] = broadcast_to_tokens(advantages, row_episode, batch.data["loss_mask"])
-    batch.data["returns"] = broadcast_to_tokens(rewards, row_episode, batch.data["loss_mask"])
+    mask = batch.rows.loss_mask
+    batch.rows = dataclasses.replace(batch.rows, advantages=broadcast_to_tokens(advantages, row_episode, mask),
+                                     returns=broadcast_to_tokens(rewards, row_episode, mask))
 
 
 def gigpo_advantages_to_tokens(batch: PPOBatch, gigpo: GiGPOConfig, ranks: Ranks = LOCAL) -> dict[str, float]:
     """GiGPO's advantage of each turn (`gigpo_advantages`: the episode's outcome reward normalised in its
     group, plus the turn's discounted return normalised over its anchor group, the group's turns from the
-    same env state) on every sampled token of the turn, stored in `data` with the outcome reward as the
+    same env state) on every sampled token of the turn, stored in the batch's rows with the outcome reward as the
     return. A group and its anchor groups live on one rank, so this is local; the anchor statistics
     returned cover every rank."""
-    device = batch.data["loss_mask"].device
+    device = batch.rows.loss_mask.device
     groups: dict[str | None, int] = {}
     episode_group = [groups.setdefault(e.group_id, len(groups)) for e in batch.episodes]
     turns = [(n, t) for n, e in enumerate(batch.episodes) for t in e.turns]     # in the segments' order
@@ -102,9 +105,9 @@ def gigpo_advantages_to_tokens(batch: PPOBatch, gigpo: GiGPOConfig, ranks: Ranks
                                   torch.tensor([t.reward for _, t in turns], dtype=torch.float32, device=device),
                                   torch.tensor(step_episode, dtype=torch.long, device=device), step_state,
                                   gigpo.gamma, gigpo.step_weight, gigpo.norm)
-    shape, index = batch.data["input_ids"].shape, batch.index
-    batch.data["advantages"] = index.to_rows(advantages[:, None] * index.mask, shape)
-    batch.data["returns"] = index.to_rows(rewards[step_episode][:, None] * index.mask, shape)
+    shape, index = batch.rows.input_ids.shape, batch.index
+    batch.rows = dataclasses.replace(batch.rows, advantages=index.to_rows(advantages[:, None] * index.mask, shape),
+                                     returns=index.to_rows(rewards[step_episode][:, None] * index.mask, shape))
     sizes = anchor_group_sizes(episode_group, step_episode, step_state)
     size_sum, steps, anchored = ranks.sum([sum(sizes), len(sizes), sum(size > 1 for size in sizes)])
     return {"gigpo/anchor_group_size_mean": size_sum / max(steps, 1),

@@ -33,7 +33,7 @@ def score(ctx: RunContext, episodes: list[Episode], critic, updates_actor: bool 
     cfg = ctx.cfg
     batch = prepare(episodes, ctx.pad_id, ctx.device, tokenizer=ctx.tokenizer,
                     weights_version=ctx.engine.weights_version, **cfg.sample_options(ctx.run_dir))
-    n_rows = len(batch.data["input_ids"]) if updates_actor else None
+    n_rows = len(batch.rows) if updates_actor else None
     old, ref = needed_scores(cfg, n_rows, ctx.ranks)
     score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, cfg.rollout.temperature,
                 actor=ctx.actor if old else None, reference=ctx.reference if ref else None, critic=critic,
@@ -87,7 +87,7 @@ def iteration_record(ctx: RunContext, i: int, phase: str, episodes: list[Episode
     if producer is not None:      # the batch was played ahead: its time is the producer's, not the learner's wait
         timings = {**timings, "timing/rollout_s": producer.taken.played_s}
     generated, trained, errors, *counted = ctx.ranks.sum([
-        sum(len(t.response_ids) for e in batch.episodes for t in e.turns), float(batch.data["attention_mask"].sum()),
+        sum(len(t.response_ids) for e in batch.episodes for t in e.turns), float(batch.rows.attention_mask.sum()),
         len(ctx.collector.errors), *counts.values()])
     record = {"iteration": i, "phase": phase, "env/errors": int(errors), **dict(zip(counts, map(int, counted))),
               **episode_metrics(episodes, ctx.ranks), **update_stats,
@@ -124,7 +124,7 @@ def write_records(ctx: RunContext, done: Iteration) -> None:
     ctx.metrics.write(done.record)
     batch = done.batch
     write_trajectories(ctx.run_dir, trajectory_records(done.record["iteration"], batch.episodes, batch.samples,
-                                                       batch.data["advantages"], ctx.tokenizer))
+                                                       batch.rows.advantages, ctx.tokenizer))
 
 
 class Stopwatch:

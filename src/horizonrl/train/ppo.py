@@ -20,6 +20,7 @@ KL penalty is a per-token reward, not a constraint; one critic for every env of 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -30,7 +31,7 @@ from horizonrl.algos.kl import kl_in_reward
 from horizonrl.algos.losses import explained_variance
 from horizonrl.config import PPOConfig
 from horizonrl.learner.distributed import LOCAL, Ranks
-from horizonrl.learner.update import Stats, minibatch_updates
+from horizonrl.learner.update import Stats, UpdateStep, minibatch_updates
 from horizonrl.records import Episode
 from horizonrl.report.metrics import episode_metrics
 from horizonrl.train import phases
@@ -50,9 +51,9 @@ def ppo_iteration(ctx: RunContext, i: int) -> phases.Iteration:
     estimate_advantages(batch, cfg.ppo, ctx.ranks)              # token rewards -> GAE -> advantages, returns
     clock.lap("score")
     actor_stats, critic_stats = Stats(), Stats()
-    minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
-                      [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, critic_stats),
-                       (ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
+    minibatch_updates(batch.rows, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
+                      [UpdateStep(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, critic_stats),
+                       UpdateStep(ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
     probe = phases.sync_engine(ctx)
     clock.lap("update")
     return phases.iteration_record(ctx, i, cfg.algorithm, episodes, batch, clock.laps,
@@ -97,9 +98,9 @@ def estimate_advantages(batch: PPOBatch, ppo: PPOConfig, ranks: Ranks = LOCAL) -
     the batch needs no logp_old nor logp_ref) and dual-discount GAE in the turn layout; advantages and
     returns stored back in the row layout. Each rank's streams are whole, so GAE is local; whitening uses
     every rank's tokens."""
-    segments, index, data = batch.samples.segments, batch.index, batch.data
+    segments, index, data = batch.samples.segments, batch.index, batch.rows
     device = index.mask.device
-    token_rewards = (kl_in_reward(index.to_turns(data["logp_old"]), index.to_turns(data["logp_ref"]), index.mask,
+    token_rewards = (kl_in_reward(index.to_turns(data.logp_old), index.to_turns(data.logp_ref), index.mask,
                                   ppo.kl_coef, ppo.kl_estimator) if ppo.kl_coef else torch.zeros_like(index.mask))
     last = index.mask.sum(dim=1).long() - 1
     token_rewards[torch.arange(len(segments), device=device), last] += torch.tensor(
@@ -107,7 +108,7 @@ def estimate_advantages(batch: PPOBatch, ppo: PPOConfig, ranks: Ranks = LOCAL) -
     bootstrap = torch.tensor([s.bootstrap for s in segments], device=device)
     padded = torch.cat([batch.bootstrap_values, torch.zeros(1, device=device)])  # index -1 -> 0.0
     advantages, returns = dual_discount_gae(
-        token_rewards, index.to_turns(data["values_old"]), index.mask,
+        token_rewards, index.to_turns(data.values_old), index.mask,
         episode_end=torch.tensor([s.episode_end for s in segments], device=device),
         next_row=torch.tensor([s.next_segment for s in segments], device=device),
         bootstrap_value=padded[bootstrap],
@@ -115,9 +116,9 @@ def estimate_advantages(batch: PPOBatch, ppo: PPOConfig, ranks: Ranks = LOCAL) -
         gamma_token=ppo.gamma_token, lambda_token=ppo.lambda_token)
     if ppo.whiten_advantages:
         advantages = whiten(advantages, index.mask, total=ranks.sum_tensor)
-    shape = data["input_ids"].shape
-    data["advantages"] = index.to_rows(advantages, shape)
-    data["returns"] = index.to_rows(returns, shape)
+    shape = data.input_ids.shape
+    batch.rows = dataclasses.replace(data, advantages=index.to_rows(advantages, shape),
+                                     returns=index.to_rows(returns, shape))
 
 
 def critic_warmup(ctx: RunContext, batches: list[PPOBatch], fitted: Callable[[], object] = lambda: None
@@ -131,8 +132,8 @@ def critic_warmup(ctx: RunContext, batches: list[PPOBatch], fitted: Callable[[],
             ctx.checkpointer.signals.check()
             score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
             estimate_advantages(batch, cfg.ppo, ctx.ranks)
-            minibatch_updates(batch.data, optim.mini_batch_size, ctx.micro_batch_budget, 1, ctx.shuffle,
-                              [(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, stats)], ctx.ranks)
+            minibatch_updates(batch.rows, optim.mini_batch_size, ctx.micro_batch_budget, 1, ctx.shuffle,
+                              [UpdateStep(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, stats)], ctx.ranks)
             fitted()
     for batch in batches:
         score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
