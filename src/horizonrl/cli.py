@@ -37,6 +37,7 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from horizonrl import runfolder
 from horizonrl.config import ConfigError, load_config, parse_threads
 
 Command = Callable[[argparse.Namespace], int]
@@ -194,7 +195,7 @@ def view_parser(commands) -> None:
 def run_view(args: argparse.Namespace) -> int:
     from horizonrl.report.html import write_report
 
-    if not (Path(args.run) / "config.yaml").is_file():
+    if not (Path(args.run) / runfolder.CONFIG).is_file():
         print(f"horizonrl: {args.run} is not a run folder (no config.yaml)", file=sys.stderr)
         return 2
     print(write_report(Path(args.run)))

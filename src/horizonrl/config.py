@@ -33,6 +33,7 @@ import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
                       model_validator)
 
+from horizonrl import runfolder
 from horizonrl.algos.registry import ALGORITHMS, AlgorithmSpec, Batches, algorithm
 from horizonrl.engines.registry import ENGINES, EngineSpec, engine
 from horizonrl.errors import ConfigError
@@ -580,7 +581,7 @@ class TrainConfig(Section):
         """The keyword arguments of train.batch.prepare that choose per-turn or merged rows."""
         if self.samples == "per_turn":
             return {}
-        return {"merge": self.merge, "mismatch_log": run_dir / "merge_mismatches.jsonl" if self.merge.debug else None}
+        return {"merge": self.merge, "mismatch_log": run_dir / runfolder.MERGE_MISMATCHES if self.merge.debug else None}
 
     @property
     def algorithm_spec(self) -> AlgorithmSpec:

@@ -30,7 +30,9 @@ import logging
 import time
 from pathlib import Path
 
+from horizonrl import runfolder
 from horizonrl.config import TrainConfig, apply_overrides, load_config, validate
+from horizonrl.engines.base import SamplingParams
 from horizonrl.envs import check_kwargs
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import precision, resolve_device
@@ -39,7 +41,6 @@ from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary
 from horizonrl.rollout.episode_groups import play_seeds
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.rollout.seeds import HELD_OUT_START, SEED_BLOCK, held_out_seeds, max_training_episodes
-from horizonrl.train.validation import BEST
 
 log = logging.getLogger(__name__)
 MODES = ("greedy", "sampled")
@@ -53,10 +54,10 @@ def resolve_target(target: str | Path) -> tuple[Path, Path | None]:
     if is_model_name(target):
         return Path(resolve_model_path(str(target))), None
     checkpoint = Path(target).resolve()
-    if (checkpoint / "config.yaml").is_file():
-        best = checkpoint / BEST
-        checkpoint = best if (best / "config.json").is_file() else checkpoint / "checkpoint"
-    run_config = checkpoint.parent / "config.yaml"
+    if (checkpoint / runfolder.CONFIG).is_file():
+        best = checkpoint / runfolder.BEST
+        checkpoint = best if (best / "config.json").is_file() else checkpoint / runfolder.CHECKPOINT
+    run_config = checkpoint.parent / runfolder.CONFIG
     return checkpoint, run_config if run_config.is_file() else None
 
 
@@ -69,7 +70,7 @@ def model_to_load(checkpoint: Path, cfg: TrainConfig, run_config: Path | None) -
     """The checkpoint folder; for RUN/init of a run that loaded `model.path` (it saves no init/), that model."""
     if (checkpoint / "config.json").is_file():
         return str(checkpoint)
-    if checkpoint.name == "init" and run_config is not None and cfg.model.path is not None:
+    if checkpoint.name == runfolder.INIT and run_config is not None and cfg.model.path is not None:
         return cfg.model.path
     if not checkpoint.is_dir():
         raise ValueError(f"{checkpoint}: no such folder")
@@ -103,29 +104,42 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
         "modes": {mode: {"temperature": temperatures[mode], "top_p": cfg.rollout.top_p if mode == "sampled" else None,
                          "envs": {}} for mode in modes},
     }
+    params = {mode: sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode]) for mode in modes}
     # one engine for every env and mode: each request is seeded, so none depends on what came before;
     # built inside the precision block, which fixes its autocast
     with precision(cfg.precision), contextlib.closing(make_engine(model, tokenizer, cfg.rollout, seed,
                                                                 device)) as engine:
-        for env_id in env_ids:
-            kwargs = cfg.env.kwargs if env_id in cfg.env.ids else {}
-            envs = open_envs(env_id, kwargs, min(episodes, cfg.rollout.n_env), cfg.env.workers, cfg.env.timeout_s)
-            try:
-                for mode in modes:
-                    params = sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode])
-                    started = time.perf_counter()
-                    summary = episode_summary(play_seeds(envs, env_id, agent, engine, params, seeds, max_steps))
-                    summary["seconds"] = time.perf_counter() - started
-                    results["modes"][mode]["envs"][env_id] = summary
-                    log.info("%s %s: %d episodes in %.1f s", mode, env_id, summary["episodes"], summary["seconds"])
-            finally:
-                for env in envs:
-                    env.close()
+        played = play_envs(cfg, env_ids, agent, engine, params, seeds, max_steps)
+    for mode, by_env in played.items():
+        for env_id, summary in by_env.items():
+            results["modes"][mode]["envs"][env_id] = summary
+            log.info("%s %s: %d episodes in %.1f s", mode, env_id, summary["episodes"], summary["seconds"])
     results_dir = Path(cfg.output_dir) if is_model_name(target) else checkpoint.parent
     results_dir.mkdir(parents=True, exist_ok=True)
     results_path = results_dir / f"eval-{checkpoint.name}.json"
     results_path.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
     return results, results_path
+
+
+def play_envs(cfg: TrainConfig, env_ids: list[str], agent, engine, params: dict[str, SamplingParams],
+              seeds: list[int], max_steps: int | None = None) -> dict[str, dict[str, dict]]:
+    """Each env's episodes on `seeds` under each of `params` (a name -> sampling parameters), `agent` over `engine`:
+    {name: {env id: episode_summary with its "seconds"}}. One pool of envs per env id (the run's env kwargs where
+    it trained on that env), closed after its episodes. `horizonrl eval` plays the held-out seeds with this, and a
+    run's validation (train/validation.py) its validation seeds."""
+    played = {name: {} for name in params}
+    for env_id in env_ids:
+        kwargs = cfg.env.kwargs if env_id in cfg.env.ids else {}
+        envs = open_envs(env_id, kwargs, min(len(seeds), cfg.rollout.n_env), cfg.env.workers, cfg.env.timeout_s)
+        try:
+            for name, sampling in params.items():
+                started = time.perf_counter()
+                summary = episode_summary(play_seeds(envs, env_id, agent, engine, sampling, seeds, max_steps))
+                played[name][env_id] = {**summary, "seconds": time.perf_counter() - started}
+        finally:
+            for env in envs:
+                env.close()
+    return played
 
 
 def check_evaluable(cfg: TrainConfig, run_config: Path | None, env_ids: list[str] | None,

@@ -5,8 +5,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from horizonrl import runfolder
 from horizonrl.config import SOURCE_CONFIGS, dump, load_config
-from horizonrl.train.checkpoint import (CHECKPOINTS, DCP_FOLDER, Checkpointer, StopSignals, atomic_folder,
+from horizonrl.train.checkpoint import (DCP_FOLDER, Checkpointer, StopSignals, atomic_folder,
                                         keep_records_through, prepare_resume, resume_config)
 
 
@@ -36,7 +37,7 @@ def test_records_after_the_iteration_and_a_torn_line_are_dropped(tmp_path):
 def a_stopped_run(tmp_path, iteration: int = 1):
     """A run folder as `--resume` finds it: its config.yaml and one complete checkpoint (empty files)."""
     run = tmp_path / "run"
-    folder = run / CHECKPOINTS / f"iter_{iteration:06d}"
+    folder = run / runfolder.CHECKPOINTS / f"iter_{iteration:06d}"
     (folder / DCP_FOLDER).mkdir(parents=True)
     for name in (f"{DCP_FOLDER}/.metadata", "training_state.json", "training_state.safetensors"):
         (folder / name).touch()

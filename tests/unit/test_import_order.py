@@ -8,9 +8,9 @@ import horizonrl
 
 PACKAGE = Path(horizonrl.__file__).parent
 LAYERS = [  # lowest first; the data flow README.md describes runs envs -> rollout -> ... -> report
-    "errors", "records", "envs", "agents", "tools", "tasks", "algos", "samples", "engines", "config", "learner", "plan",
-    "rollout",
-    "gateway", "report", "train", "evaluate", "play", "cli", "__main__",
+    "errors", "runfolder", "records", "envs", "agents", "tools", "tasks", "algos", "samples", "engines", "config",
+    "learner", "plan", "rollout",
+    "gateway", "report", "evaluate", "train", "play", "cli", "__main__",
 ]
 
 

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import yaml
 
+from horizonrl import runfolder
 from horizonrl.report.metrics import read_metrics
 from horizonrl.report.plots import line_plot
-from horizonrl.report.trajectories import TRAJECTORIES, evenly_spaced
+from horizonrl.report.trajectories import evenly_spaced
 
 PLOTS = [  # (title, metrics key)
     ("success rate", "env/success_rate"),
@@ -144,10 +145,10 @@ def write_report(run_dir: Path) -> Path:
     """(Re)write run_dir/report.html from run_dir's config.yaml, metrics.jsonl and trajectories.jsonl
     (absent: no curves, no trajectories); returns its path."""
     run_dir = Path(run_dir)
-    config_text = (run_dir / "config.yaml").read_text()
+    config_text = (run_dir / runfolder.CONFIG).read_text()
     algorithm = yaml.safe_load(config_text).get("algorithm", "ppo")
     metrics, trajectories = ([] if not (run_dir / f).exists() else read_metrics(run_dir / f)
-                             for f in ("metrics.jsonl", TRAJECTORIES))
+                             for f in (runfolder.METRICS, runfolder.TRAJECTORIES))
     path = run_dir / "report.html"
     path.write_text(render_report(run_dir.name, algorithm, metrics, trajectories, config_text), encoding="utf-8")
     return path

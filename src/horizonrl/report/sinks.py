@@ -21,6 +21,7 @@ import os
 import secrets
 from pathlib import Path
 
+from horizonrl import runfolder
 from horizonrl.config import ConfigError
 from horizonrl.report.metrics import MetricsLog
 
@@ -35,7 +36,7 @@ def check_sinks(report_to: list[str]) -> None:
 
 class MetricsSinks:
     def __init__(self, run_dir: Path, report_to: list[str], config: dict, first_iteration: int = 0):
-        self.jsonl = MetricsLog(run_dir / "metrics.jsonl")
+        self.jsonl = MetricsLog(run_dir / runfolder.METRICS)
         self.tensorboard = self.wandb = None
         if "tensorboard" in report_to:
             from torch.utils.tensorboard import SummaryWriter

@@ -35,9 +35,9 @@ from pathlib import Path
 
 from torch import Tensor
 
+from horizonrl import runfolder
 from horizonrl.records import Episode, SampleBatch
 
-TRAJECTORIES = "trajectories.jsonl"
 
 
 def trajectory_records(iteration: int, episodes: list[Episode], samples: SampleBatch, advantages: Tensor,
@@ -102,6 +102,6 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 def write_trajectories(run_dir: Path, records: list[dict]) -> None:
     """Append one JSON line per record to run_dir/trajectories.jsonl."""
-    with (Path(run_dir) / TRAJECTORIES).open("a", encoding="utf-8") as f:
+    with (Path(run_dir) / runfolder.TRAJECTORIES).open("a", encoding="utf-8") as f:
         for record in records:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")

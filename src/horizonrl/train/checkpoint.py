@@ -48,18 +48,16 @@ from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_s
                                                      set_state_dict)
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from horizonrl import runfolder
 from horizonrl.config import ConfigError, TrainConfig, dump, load_config
 from horizonrl.engines.base import TrainingEngine
 from horizonrl.learner.distributed import LOCAL, Ranks, full_state_dict
 from horizonrl.learner.lora import adapter_state, is_peft, merged_parameters, save_adapters
-from horizonrl.report.trajectories import TRAJECTORIES
 from horizonrl.rollout.collector import Collector
 from horizonrl.train.budget import Progress
 from horizonrl.train.sync_check import SyncCheck
 
 log = logging.getLogger(__name__)
-CHECKPOINTS = "checkpoints"
-METRICS = "metrics.jsonl"
 # the only overrides `--resume` takes
 RESUMABLE_KEYS = ("iterations", "save_every", "budget.env_steps", "budget.wall_clock_s")
 _ITERATION_FOLDER = re.compile(r"iter_(\d{6})")
@@ -76,7 +74,7 @@ class TrainingStopped(Exception):
     def __init__(self, run_dir: Path, iteration: int, signum: int):
         self.run_dir, self.iteration, self.signum = run_dir, iteration, signum
         super().__init__(f"stopped by {signal.Signals(signum).name} after iteration {iteration} (checkpoint "
-                         f"{run_dir / CHECKPOINTS / iteration_folder(iteration)}); continue with:\n"
+                         f"{run_dir / runfolder.CHECKPOINTS / iteration_folder(iteration)}); continue with:\n"
                          f"    horizonrl train --resume {run_dir}")
 
 
@@ -186,10 +184,10 @@ class TrainingState:
     def save(self, run_dir: Path, iteration: int) -> Path:
         """Write checkpoints/iter_<iteration>/ atomically (after fsyncing the run's logs, so they hold
         every record up to `iteration`), then remove the older checkpoints."""
-        folder = run_dir / CHECKPOINTS / iteration_folder(iteration)
+        folder = run_dir / runfolder.CHECKPOINTS / iteration_folder(iteration)
         tmp = folder.with_name(folder.name + ".tmp")
         if self.ranks.is_main:
-            for name in (METRICS, TRAJECTORIES):
+            for name in (runfolder.METRICS, runfolder.TRAJECTORIES):
                 if (run_dir / name).exists():
                     _fsync(run_dir / name)
             shutil.rmtree(tmp, ignore_errors=True)
@@ -301,7 +299,7 @@ def collector_share(collector: Collector, saved: list[dict], ranks: Ranks) -> di
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
     """The run's complete checkpoint folders, oldest first (a `.tmp` folder is not one)."""
-    folders = [p for p in (run_dir / CHECKPOINTS).glob("iter_*") if _ITERATION_FOLDER.fullmatch(p.name)]
+    folders = [p for p in (run_dir / runfolder.CHECKPOINTS).glob("iter_*") if _ITERATION_FOLDER.fullmatch(p.name)]
     return sorted(folders)
 
 
@@ -393,7 +391,7 @@ def resume_config(run_dir: Path, overrides: list[str] = ()) -> TrainConfig:
     """The run's config.yaml with `overrides` of RESUMABLE_KEYS only. It only reads: under torchrun every
     rank calls it before the process group exists, and rank 0 alone records the overrides in config.yaml
     (`prepare_resume`), so that a later resume sees them too."""
-    path = Path(run_dir) / "config.yaml"
+    path = Path(run_dir) / runfolder.CONFIG
     if not path.is_file():
         raise CheckpointError(f"{run_dir} is not a run folder (no config.yaml)")
     changed = [o.partition("=")[0].strip() for o in overrides]
@@ -411,28 +409,28 @@ def prepare_resume(run_dir: Path, cfg: TrainConfig) -> ResumePoint:
     fits `cfg`, writes `cfg` (the resume's overrides included) into config.yaml. Called by one process
     only (rank 0 under torchrun), which alone changes the run folder."""
     run_dir = Path(run_dir)
-    for leftover in (run_dir / CHECKPOINTS).glob("*.tmp"):
+    for leftover in (run_dir / runfolder.CHECKPOINTS).glob("*.tmp"):
         shutil.rmtree(leftover)
     folders = complete_checkpoints(run_dir)
     if not folders:
-        raise CheckpointError(f"{run_dir} has no complete checkpoint in {run_dir / CHECKPOINTS} (it stopped before "
-                              "saving one)")
+        raise CheckpointError(f"{run_dir} has no complete checkpoint in {run_dir / runfolder.CHECKPOINTS} (it stopped "
+                              "before saving one)")
     folder = folders[-1]
     missing = [name for name in (f"{DCP_FOLDER}/.metadata", "training_state.json", "training_state.safetensors")
                if not (folder / name).is_file()]
     if missing:
         raise CheckpointError(f"{folder} is incomplete: {', '.join(missing)} missing")
-    if cfg.model.path is None and not (run_dir / "init").is_dir():
+    if cfg.model.path is None and not (run_dir / runfolder.INIT).is_dir():
         raise CheckpointError(f"{run_dir / 'init'} (the initial policy, the reference) is missing")
     iteration = int(_ITERATION_FOLDER.fullmatch(folder.name).group(1))
     if iteration > cfg.iterations:
         raise CheckpointError(f"{folder} is past iterations={cfg.iterations}; resume with iterations=N, "
                               f"N >= {iteration}")
-    for name in (METRICS, TRAJECTORIES):
+    for name in (runfolder.METRICS, runfolder.TRAJECTORIES):
         keep_records_through(run_dir / name, iteration)
     resolved = dump(cfg)
-    if (run_dir / "config.yaml").read_text(encoding="utf-8") != resolved:
-        write_text_atomic(run_dir / "config.yaml", resolved)
+    if (run_dir / runfolder.CONFIG).read_text(encoding="utf-8") != resolved:
+        write_text_atomic(run_dir / runfolder.CONFIG, resolved)
     return ResumePoint(run_dir, folder)
 
 
@@ -455,4 +453,4 @@ def keep_records_through(path: Path, iteration: int) -> None:
 
 def initial_policy_path(cfg: TrainConfig, run_dir: Path) -> str:
     """Where the run's initial policy (its reference) is: `init/` (tiny model) or `model.path`."""
-    return str(run_dir / "init") if cfg.model.path is None else cfg.model.path
+    return str(run_dir / runfolder.INIT) if cfg.model.path is None else cfg.model.path

@@ -30,6 +30,7 @@ from torch import nn
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from horizonrl import envs as env_registry
+from horizonrl import runfolder
 from horizonrl.algos.losses import entropy_coef_at
 from horizonrl.config import MicroBatchBudget, TrainConfig, dump
 from horizonrl.engines.base import TrainingEngine
@@ -136,7 +137,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     else:
         wrapped = ranks.distributed or cfg.model.lora is not None     # the actor's state dict is no plain model's
         loads_tensors = wrapped and not cfg.rollout.engine_spec.samples_learner_module
-        engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / "engine_weights",
+        engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / runfolder.ENGINE_WEIGHTS,
                              merged_parameters(actor) if loads_tensors else None)
         collector = make_collector(cfg, tokenizer, engine, sampled, envs, ranks)
         if cfg.rollout.async_training.max_staleness:   # an hf engine samples from a copy of its own
@@ -230,7 +231,7 @@ def new_run(cfg: TrainConfig, envs: list, ranks: Ranks, device: torch.device, si
                             env.close()
         run_dir = make_run_dir(cfg)
         if cfg.model.path is None:
-            save_checkpoint(run_dir / "init", actor, tokenizer)
+            save_checkpoint(run_dir / runfolder.INIT, actor, tokenizer)
     else:
         tokenizer = actor = None
     return ranks.broadcast(run_dir if ranks.is_main else None), tokenizer, actor
@@ -268,5 +269,5 @@ def make_run_dir(cfg: TrainConfig) -> Path:
         n += 1
         run_dir = base.with_name(f"{base.name}-{n}")
     run_dir.mkdir(parents=True)
-    (run_dir / "config.yaml").write_text(dump(cfg))
+    (run_dir / runfolder.CONFIG).write_text(dump(cfg))
     return run_dir

@@ -19,10 +19,11 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+from horizonrl import runfolder
 from horizonrl.config import load_config
 from horizonrl.learner.lora import add_adapters
 from horizonrl.learner.models import ValueModel, load_policy
-from horizonrl.train.checkpoint import (CHECKPOINTS, DCP_FOLDER, CheckpointError, complete_checkpoints,
+from horizonrl.train.checkpoint import (DCP_FOLDER, CheckpointError, complete_checkpoints,
                                         initial_policy_path, save_checkpoint)
 
 
@@ -33,8 +34,8 @@ def export(target: Path, out: Path) -> Path:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} already exists; export writes a new folder")
     run, folder = run_and_checkpoint(Path(target).resolve())
-    cfg = load_config(run / "config.yaml", run_folder=True)
-    if cfg.model.path is None and not (run / "init").is_dir():
+    cfg = load_config(run / runfolder.CONFIG, run_folder=True)
+    if cfg.model.path is None and not (run / runfolder.INIT).is_dir():
         raise CheckpointError(f"{run / 'init'} (the run's initial policy: architecture and tokenizer) is missing")
     tokenizer, actor = load_policy(initial_policy_path(cfg, run), torch.device("cpu"))
     critic = ValueModel.from_policy(actor) if has_entry(folder, "critic") else None
@@ -47,18 +48,18 @@ def export(target: Path, out: Path) -> Path:
 def run_and_checkpoint(target: Path) -> tuple[Path, Path]:
     """(run folder, checkpoint folder) of `target`: a run folder and its last complete checkpoint, or
     a complete `RUN/checkpoints/iter_NNNNNN` folder and its run."""
-    if (target / "config.yaml").is_file():
+    if (target / runfolder.CONFIG).is_file():
         run, folders = target, complete_checkpoints(target)
         if not folders:
-            raise CheckpointError(f"{run} has no complete checkpoint in {run / CHECKPOINTS} (its final model "
+            raise CheckpointError(f"{run} has no complete checkpoint in {run / runfolder.CHECKPOINTS} (its final model "
                                   f"folder, if any, is {run / 'checkpoint'})")
         folder = folders[-1]
     else:
         run, folder = target.parent.parent, target
-        if target.parent.name != CHECKPOINTS or not (run / "config.yaml").is_file() \
+        if target.parent.name != runfolder.CHECKPOINTS or not (run / runfolder.CONFIG).is_file() \
                 or target not in complete_checkpoints(run):
             raise CheckpointError(f"{target} is neither a run folder (no config.yaml) nor one of its checkpoints "
-                                  f"(RUN/{CHECKPOINTS}/iter_NNNNNN)")
+                                  f"(RUN/{runfolder.CHECKPOINTS}/iter_NNNNNN)")
     if not (folder / DCP_FOLDER / ".metadata").is_file():
         raise CheckpointError(f"{folder} is incomplete: {DCP_FOLDER}/.metadata missing")
     return run, folder

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from horizonrl import runfolder
 from horizonrl.algos.registry import Batches
 from horizonrl.config import ConfigError, TrainConfig
 from horizonrl.engines.registry import ENGINES, engine
@@ -71,7 +72,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
                     with ctx.metrics or contextlib.nullcontext(), contextlib.closing(ctx.engine), \
                             contextlib.closing(ctx.collector):
                         run_iterations(ctx, progress and ranks.is_main)
-                    save_checkpoint(ctx.run_dir / "checkpoint", ctx.actor, ctx.tokenizer, ctx.critic, ranks)
+                    save_checkpoint(ctx.run_dir / runfolder.CHECKPOINT, ctx.actor, ctx.tokenizer, ctx.critic, ranks)
             except TrainingStopped as stopped:
                 if ranks.is_main:
                     write_report(stopped.run_dir)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from horizonrl import runfolder
 from horizonrl.config import TrainConfig
 from horizonrl.learner.device import precision, resolve_device
 from horizonrl.learner.lora import lm_body
@@ -73,5 +74,5 @@ def sft(cfg: TrainConfig, progress: bool = True) -> Path:
         metrics.write({"iteration": 0, "phase": "demonstrations", **demo_metrics, **shared})
         for step, loss in enumerate(losses, 1):
             metrics.write({"iteration": step, "phase": "sft", "sft/loss": loss})
-    save_checkpoint(run_dir / "checkpoint", policy, tokenizer)
+    save_checkpoint(run_dir / runfolder.CHECKPOINT, policy, tokenizer)
     return run_dir

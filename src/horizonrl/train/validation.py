@@ -26,17 +26,14 @@ import json
 import logging
 from pathlib import Path
 
+from horizonrl import runfolder
 from horizonrl.config import TrainConfig
-from horizonrl.envs.pool import open_envs
-from horizonrl.report.diagnostics import episode_summary
-from horizonrl.rollout.episode_groups import play_seeds
+from horizonrl.evaluate import play_envs
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.rollout.seeds import validation_seeds
 from horizonrl.train.checkpoint import save_checkpoint
 
 log = logging.getLogger(__name__)
-BEST = "best"
-LOG = "validation.jsonl"
 
 
 class Validation:
@@ -47,7 +44,7 @@ class Validation:
         """A resumed run (`first_iteration` > 0) continues from the validations its file holds before that
         iteration; a later line (written after the checkpoint it resumes from) is dropped."""
         self.cfg, self.run_dir, self.seeds = cfg, run_dir, validation_seeds(cfg.validation.episodes)
-        path = run_dir / LOG
+        path = run_dir / runfolder.VALIDATIONS
         kept = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
         kept = [line for line in kept if line["iteration"] < first_iteration]
         path.write_text("".join(json.dumps(line) + "\n" for line in kept))
@@ -61,26 +58,19 @@ class Validation:
         it is the best so far, save `actor` as RUN/best/; returns the line."""
         cfg = self.cfg
         agent = make_agent(tokenizer, cfg.agent)
-        params = sampling_params(cfg.rollout, tokenizer, actor, agent, temperature=0.0)
-        envs_results = {}
+        greedy = {"greedy": sampling_params(cfg.rollout, tokenizer, actor, agent, temperature=0.0)}
         hf = cfg.rollout.model_copy(update={"engine": "hf"})
         with contextlib.closing(make_engine(actor, tokenizer, hf, cfg.seed, device)) as engine:
-            for env_id in cfg.env.ids:
-                envs = open_envs(env_id, cfg.env.kwargs, min(len(self.seeds), cfg.rollout.n_env), cfg.env.workers,
-                                 cfg.env.timeout_s)
-                try:
-                    summary = episode_summary(play_seeds(envs, env_id, agent, engine, params, self.seeds, None))
-                finally:
-                    for env in envs:
-                        env.close()
-                envs_results[env_id] = {"success_rate": summary["success_rate"], "failures": summary["failures"]}
+            played = play_envs(cfg, cfg.env.ids, agent, engine, greedy, self.seeds)["greedy"]
+        envs_results = {env_id: {"success_rate": summary["success_rate"], "failures": summary["failures"]}
+                        for env_id, summary in played.items()}
         success = sum(r["success_rate"] or 0.0 for r in envs_results.values()) / len(envs_results)
         line = {"iteration": iteration, "success_rate": success, "envs": envs_results,
                 "best": self.best is None or success >= self.best}
         if line["best"]:
             self.best = success
-            save_checkpoint(self.run_dir / BEST, actor, tokenizer)
-        with (self.run_dir / LOG).open("a") as out:
+            save_checkpoint(self.run_dir / runfolder.BEST, actor, tokenizer)
+        with (self.run_dir / runfolder.VALIDATIONS).open("a") as out:
             out.write(json.dumps(line) + "\n")
         log.info("validation at iteration %d: greedy success %.3f (%s)%s", iteration, success,
                  ", ".join(f"{env_id} {r['success_rate']}" for env_id, r in envs_results.items()),
