@@ -311,7 +311,7 @@ def worker(args) -> None:
     from horizonrl.learner.distributed import start_ranks, stop_ranks
     from horizonrl.plan import plan
     from horizonrl.train import ppo
-    from horizonrl.train.checkpoint import StopSignals
+    from horizonrl.runstate.checkpoint import StopSignals
     from horizonrl.train.context import start_run
 
     cfg = load_config(TOY, args.overrides)

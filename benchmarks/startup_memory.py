@@ -68,7 +68,7 @@ def rank_main(model: str, out: str) -> None:
     from horizonrl.learner.device import precision
     from horizonrl.learner.distributed import start_ranks, stop_ranks
     from horizonrl.plan import plan
-    from horizonrl.train.checkpoint import StopSignals
+    from horizonrl.runstate.checkpoint import StopSignals
     from horizonrl.train.context import start_run
 
     torch.set_num_threads(1)
@@ -112,7 +112,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from horizonrl.learner.models import load_policy
-    from horizonrl.train.checkpoint import save_checkpoint
+    from horizonrl.runstate.checkpoint import save_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / "model"

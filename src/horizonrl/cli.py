@@ -69,7 +69,7 @@ def exit_codes() -> list[tuple[type[BaseException], int, str]]:
     when an error has come: the run modules are heavy."""
     from horizonrl.engines.retry import EngineError
     from horizonrl.rollout.failures import RolloutsFailed
-    from horizonrl.train.checkpoint import CheckpointError, StoppedBeforeCheckpoint, TrainingStopped
+    from horizonrl.runstate.checkpoint import CheckpointError, StoppedBeforeCheckpoint, TrainingStopped
     from horizonrl.train.sync_check import EngineOutOfSync
 
     return [(ConfigError, 2, "config error:\n"),
@@ -126,7 +126,7 @@ def quiet_downloads(args: argparse.Namespace) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from horizonrl.learner.device import use_run_threads
-    from horizonrl.train.checkpoint import CheckpointError, resume_config
+    from horizonrl.runstate.checkpoint import CheckpointError, resume_config
     from horizonrl.train.loop import train
 
     quiet_downloads(args)
@@ -270,7 +270,7 @@ def export_parser(commands) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from horizonrl.train.export import export
+    from horizonrl.runstate.export import export
 
     print(export(Path(args.target), args.out))
     return 0

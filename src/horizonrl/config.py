@@ -515,7 +515,7 @@ class DistConfig(Section):
 
 
 class BudgetConfig(Section):
-    """Stop the run after the iteration that reaches either limit (train/budget.py); `iterations` still caps it."""
+    """Stop the run after the iteration that reaches either limit (runstate/budget.py); `iterations` still caps it."""
 
     env_steps: int | None = Field(None, gt=0, description="env steps (turns) of every rank, critic warmup included")
     wall_clock_s: float | None = Field(None, gt=0, description="seconds of iterations, over every resume")

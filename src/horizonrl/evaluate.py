@@ -11,7 +11,7 @@ What is evaluated, and with which settings:
   defaults), the agent (memory window, history, feedback, invalid penalty, translations), the rollout
   (max_tokens, temperature, top_p, batch size), env workers and the device, so a run's init and
   checkpoint are evaluated on equal terms;
-- any other checkpoint folder (model + tokenizer in Hugging Face format, as train/checkpoint.py saves
+- any other checkpoint folder (model + tokenizer in Hugging Face format, as runstate/checkpoint.py saves
   them): the config defaults, and `--env` is required.
 - a model name (`builtin:NAME`, a .gguf file: its converted folder, learner/gguf.py): the config defaults,
   and `--env` is required.

@@ -9,7 +9,7 @@
     RUN/init/                      the policy the run starts from, when it made one (a warm start)
     RUN/checkpoint/                the last policy, a Hugging Face model folder
     RUN/best/                      the policy its validation kept
-    RUN/checkpoints/iter_NNNNNN/   the checkpoints a run resumes from (train/checkpoint.py)
+    RUN/checkpoints/iter_NNNNNN/   the checkpoints a run resumes from (runstate/checkpoint.py)
     RUN/engine_weights/            the rollout engine's copy of the weights while the run lasts
 """
 

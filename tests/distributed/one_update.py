@@ -28,7 +28,7 @@ from horizonrl.engines.scripted import ScriptedEngine, scripted_generation
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.distributed import start_ranks, stop_ranks
 from horizonrl.learner.lora import merged_parameters
-from horizonrl.train.checkpoint import StopSignals
+from horizonrl.runstate.checkpoint import StopSignals
 from horizonrl.train.context import start_run
 from horizonrl.train.loop import family_iteration
 

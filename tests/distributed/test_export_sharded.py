@@ -7,8 +7,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from horizonrl.train.checkpoint import save_checkpoint
-from horizonrl.train.export import export
+from horizonrl.runstate.checkpoint import save_checkpoint
+from horizonrl.runstate.export import export
 from launch import torchrun
 
 TOY = Path(__file__).parents[2] / "configs" / "toy.yaml"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from horizonrl.train.checkpoint import save_checkpoint
+from horizonrl.runstate.checkpoint import save_checkpoint
 from launch import torchrun
 from same_statistics import assert_same_statistics
 

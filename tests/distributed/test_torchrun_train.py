@@ -13,7 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 from horizonrl.report.metrics import read_metrics
-from horizonrl.train.checkpoint import complete_checkpoints, save_checkpoint
+from horizonrl.runstate.checkpoint import complete_checkpoints, save_checkpoint
 from launch import torchrun
 from same_statistics import assert_same_statistics
 

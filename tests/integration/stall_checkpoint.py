@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from horizonrl.cli import main
-from horizonrl.train.checkpoint import TrainingState
+from horizonrl.runstate.checkpoint import TrainingState
 
 
 def stall_at(iteration: int, marker: Path) -> None:

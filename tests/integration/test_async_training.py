@@ -31,7 +31,7 @@ from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.records import Turn
 from horizonrl.train import phases, ppo
-from horizonrl.train.checkpoint import StopSignals
+from horizonrl.runstate.checkpoint import StopSignals
 from horizonrl.train.context import start_run
 
 TOY = "configs/toy.yaml"
@@ -246,7 +246,7 @@ def test_a_run_that_fails_before_closing_its_producer_process_still_exits(tmp_pa
     overrides = [*SMALL, "rollout.async_training.max_staleness=1", "rollout.async_training.producer=process",
                  f"output_dir={tmp_path}"]
     script = (f"from horizonrl.config import load_config\n"
-              f"from horizonrl.train.checkpoint import StopSignals\n"
+              f"from horizonrl.runstate.checkpoint import StopSignals\n"
               f"from horizonrl.train.context import start_run\n"
               f"with StopSignals() as signals:\n"
               f"    ctx = start_run(load_config({TOY!r}, {overrides!r}), [], signals, None)\n"

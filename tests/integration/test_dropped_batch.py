@@ -10,7 +10,7 @@ from horizonrl import envs
 from horizonrl.config import SOURCE_CONFIGS, load_config
 from horizonrl.envs.river import River
 from horizonrl.rollout.failures import RolloutsFailed
-from horizonrl.train.checkpoint import save_checkpoint
+from horizonrl.runstate.checkpoint import save_checkpoint
 from horizonrl.train.loop import train
 
 torch.set_num_threads(1)

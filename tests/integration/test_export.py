@@ -13,8 +13,8 @@ from horizonrl.agents.agent import chat_prompt_ids
 from horizonrl.cli import main
 from horizonrl.config import SOURCE_CONFIGS, load_config
 from horizonrl.learner.models import load_policy
-from horizonrl.train.checkpoint import CheckpointError
-from horizonrl.train.export import export
+from horizonrl.runstate.checkpoint import CheckpointError
+from horizonrl.runstate.export import export
 from horizonrl.train.loop import train
 
 TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs

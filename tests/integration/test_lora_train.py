@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from horizonrl.config import load_config
 from horizonrl.learner.models import load_policy
 from horizonrl.report.metrics import read_metrics
-from horizonrl.train.checkpoint import resume_config, save_checkpoint
+from horizonrl.runstate.checkpoint import resume_config, save_checkpoint
 from horizonrl.train.loop import train
 
 LORA = ["configs/toy.yaml", "rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.epochs=1",

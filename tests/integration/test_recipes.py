@@ -11,7 +11,7 @@ from optional_packages import skip_unless_installed  # tests/integration is on s
 
 from horizonrl.config import load_config
 from horizonrl.report.metrics import read_metrics
-from horizonrl.train.checkpoint import save_checkpoint
+from horizonrl.runstate.checkpoint import save_checkpoint
 from horizonrl.train.loop import train
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

@@ -19,7 +19,7 @@ import pytest
 
 from horizonrl.config import SOURCE_CONFIGS, load_config
 from horizonrl.train import ppo
-from horizonrl.train.checkpoint import StoppedBeforeCheckpoint, StopSignals
+from horizonrl.runstate.checkpoint import StoppedBeforeCheckpoint, StopSignals
 from horizonrl.train.loop import train
 
 RECIPE = "configs/arithmetic_openai_agent.yaml"

@@ -7,7 +7,7 @@ import pytest
 
 from horizonrl import runfolder
 from horizonrl.config import SOURCE_CONFIGS, dump, load_config
-from horizonrl.train.checkpoint import (DCP_FOLDER, Checkpointer, StopSignals, atomic_folder,
+from horizonrl.runstate.checkpoint import (DCP_FOLDER, Checkpointer, StopSignals, atomic_folder,
                                         keep_records_through, prepare_resume, resume_config)
 
 

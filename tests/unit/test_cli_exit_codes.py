@@ -11,7 +11,7 @@ from horizonrl import cli
 from horizonrl.engines.retry import EngineError
 from horizonrl.rollout.failures import RolloutsFailed
 from horizonrl.train import loop
-from horizonrl.train.checkpoint import TrainingStopped
+from horizonrl.runstate.checkpoint import TrainingStopped
 from horizonrl.train.sync_check import EngineOutOfSync
 
 

@@ -47,8 +47,8 @@ from horizonrl.report.sinks import MetricsSinks
 from horizonrl.rollout.collector import Collector
 from horizonrl.rollout.from_config import make_agent, make_engine
 from horizonrl.rollout.producer import Producer
-from horizonrl.train.budget import Progress
-from horizonrl.train.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
+from horizonrl.runstate.budget import Progress
+from horizonrl.runstate.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
                                         save_checkpoint)
 from horizonrl.train.collectors import make_collector
 from horizonrl.train.producer_process import ProducerProcess
@@ -93,7 +93,7 @@ class RunContext:
 
     @property
     def progress(self) -> Progress:
-        """What the run has spent (train/budget.py), saved with its checkpoints."""
+        """What the run has spent (runstate/budget.py), saved with its checkpoints."""
         return self.checkpointer.state.progress
 
     @property

@@ -10,7 +10,7 @@ Iteration 0 of a run with a critic is the critic warmup (`ppo.critic_warmup_iter
 goes to each metrics sink (metrics.jsonl always) and two sample episodes to trajectories.jsonl; the
 run ends by writing report.html. Every `save_every` iterations, after the last one and when a
 SIGINT/SIGTERM asks the run to stop, the whole training state is saved in checkpoints/
-(train/checkpoint.py), from which `train(..., resume=RUN)` continues exactly. A stop signal before the
+(runstate/checkpoint.py), from which `train(..., resume=RUN)` continues exactly. A stop signal before the
 first checkpoint (the warm start, the critic warmup) ends the run within seconds, with nothing saved
 (StoppedBeforeCheckpoint). An iteration in which every rollout failed ends the run with RolloutsFailed,
 naming the causes; nothing is saved on the way out, so the last checkpoint stays the last good one.
@@ -38,7 +38,7 @@ from horizonrl.report.html import write_report
 from horizonrl.report.sinks import check_sinks
 from horizonrl.rollout.failures import RolloutsFailed
 from horizonrl.train import group, phases, ppo
-from horizonrl.train.checkpoint import (StopSignals, TrainingStopped, complete_checkpoints, prepare_resume,
+from horizonrl.runstate.checkpoint import (StopSignals, TrainingStopped, complete_checkpoints, prepare_resume,
                                         save_checkpoint)
 from horizonrl.train.collectors import run_envs
 from horizonrl.train.context import RunContext, start_run
@@ -112,7 +112,7 @@ def check_world_size(cfg: TrainConfig, world_size: int) -> None:
 
 def run_iterations(ctx: RunContext, progress: bool) -> None:
     """Iterations ctx.first_iteration..cfg.iterations of the run's algorithm (fewer when cfg.budget is spent
-    first). After each: the run's progress (train/budget.py) goes into its record, the record to the sinks, a
+    first). After each: the run's progress (runstate/budget.py) goes into its record, the record to the sinks, a
     checkpoint when one is due or the run ends here, and a stop signal ends the run (TrainingStopped) once that
     checkpoint is saved. An iteration whose rollouts all failed raises RolloutsFailed, naming the iteration and
     what the run folder keeps."""

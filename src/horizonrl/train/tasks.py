@@ -10,7 +10,7 @@ over the teacher, so the warm start sees exactly the prompts the agent's calls r
 
 The teacher's tasks are played a training batch's worth at a time (group.n_tasks x group.group_size), and
 `check` is called before each batch and each fine-tuning step: it raises to stop the warm start (a stop
-signal, train/checkpoint.py StopSignals), so that a stop comes within one batch or step. The teacher answers
+signal, runstate/checkpoint.py StopSignals), so that a stop comes within one batch or step. The teacher answers
 every call, so an agent whose first batch all fails fails on its own (or its requests do): RolloutsFailed
 ends the warm start there, naming the causes.
 """

@@ -31,7 +31,7 @@ from horizonrl.config import TrainConfig
 from horizonrl.evaluate import play_envs
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.rollout.seeds import validation_seeds
-from horizonrl.train.checkpoint import save_checkpoint
+from horizonrl.runstate.checkpoint import save_checkpoint
 
 log = logging.getLogger(__name__)
 

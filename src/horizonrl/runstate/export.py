@@ -23,7 +23,7 @@ from horizonrl import runfolder
 from horizonrl.config import load_config
 from horizonrl.learner.lora import add_adapters
 from horizonrl.learner.models import ValueModel, load_policy
-from horizonrl.train.checkpoint import (DCP_FOLDER, CheckpointError, complete_checkpoints,
+from horizonrl.runstate.checkpoint import (DCP_FOLDER, CheckpointError, complete_checkpoints,
                                         initial_policy_path, save_checkpoint)
 
 

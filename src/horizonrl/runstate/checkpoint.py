@@ -46,6 +46,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_state_dict, set_model_state_dict,
                                                      set_state_dict)
+from torch.distributed.checkpoint.stateful import Stateful
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from horizonrl import runfolder
@@ -54,8 +55,7 @@ from horizonrl.engines.base import TrainingEngine
 from horizonrl.learner.distributed import LOCAL, Ranks, full_state_dict
 from horizonrl.learner.lora import adapter_state, is_peft, merged_parameters, save_adapters
 from horizonrl.rollout.collector import Collector
-from horizonrl.train.budget import Progress
-from horizonrl.train.sync_check import SyncCheck
+from horizonrl.runstate.budget import Progress
 
 log = logging.getLogger(__name__)
 # the only overrides `--resume` takes
@@ -175,7 +175,7 @@ class TrainingState:
     shuffle: torch.Generator
     engine: TrainingEngine
     collector: Collector
-    sync_check: SyncCheck
+    sync_check: Stateful           # the served-policy check (train/sync_check.py): its probe rows and measures
     critic: torch.nn.Module | None = None
     critic_opt: torch.optim.Optimizer | None = None
     ranks: Ranks = LOCAL
