@@ -76,7 +76,7 @@ def tokenizers() -> dict:
 
     from horizonrl import envs
     from horizonrl.config import TinyModel
-    from horizonrl.train.warm_start import build_tiny_for_envs
+    from horizonrl.assembly.warm_start import build_tiny_for_envs
 
     tiny, _ = build_tiny_for_envs([envs.make("river")], TinyModel(), seed=0, device=torch.device("cpu"))
     return {"tiny": (tiny, len(tiny)), "qwen2.5": (build_qwen_tokenizer(), 151936)}

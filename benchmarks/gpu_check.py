@@ -10,7 +10,7 @@ Five pieces (no vLLM on the lent machines: rollout.engine=hf throughout):
    (tests/qwen25_tokenizer.py, offline);
 3. two iterations of the real trainer on that model, as `horizonrl train configs/toy.yaml` under
    `torchrun --nproc_per_node 1` runs them (the launch `horizonrl plan --gpus 1` models: FSDP2 on one
-   rank; hf engine, river env, PPO with actor, critic and reference): `train.context.start_run`, then
+   rank; hf engine, river env, PPO with actor, critic and reference): `assembly.context.start_run`, then
    `train.ppo.ppo_iteration`, once as a full fine-tune and once with `model.lora={r: 16}`, each in its
    own process. Its peak memory is set against `horizonrl.plan.plan(cfg, gpus=1)` with the plan's row
    length S set to the longest row the run trained on (the planner's own estimate of S is for long
@@ -312,7 +312,7 @@ def worker(args) -> None:
     from horizonrl.plan import plan
     from horizonrl.train import ppo
     from horizonrl.runstate.checkpoint import StopSignals
-    from horizonrl.train.context import start_run
+    from horizonrl.assembly.context import start_run
 
     cfg = load_config(TOY, args.overrides)
     updates = []

@@ -40,7 +40,7 @@ from horizonrl.config import load_config
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.update import Stats, UpdateStep, minibatch_updates
 from horizonrl.runstate.checkpoint import StopSignals
-from horizonrl.train.context import RunContext, start_run
+from horizonrl.assembly.context import RunContext, start_run
 from horizonrl.train.phases import score
 from horizonrl.train.ppo import estimate_advantages
 

@@ -44,7 +44,7 @@ from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.models import load_policy, pad_token_id
 from horizonrl.rollout.from_config import make_agent
-from horizonrl.train.warm_start import build_tiny_for_envs
+from horizonrl.assembly.warm_start import build_tiny_for_envs
 
 
 @dataclasses.dataclass(frozen=True)

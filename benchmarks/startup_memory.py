@@ -6,7 +6,7 @@ both along the trainer's own code path; prints one JSON object.
 A ~100M-parameter Llama shape (hidden 768, 12 layers, 12 heads, 4 KV heads, MLP 2048, vocabulary 32000,
 tied embeddings, random weights, saved once as a model folder) trained with PPO from configs/toy.yaml
 by `--ranks` torchrun ranks on gloo (CPU): dist.mixed_precision=true and precision=bf16, so the
-reference and the hf engine's copy are stored in bf16 as on a GPU. Each rank runs `train/context.
+reference and the hf engine's copy are stored in bf16 as on a GPU. Each rank runs `assembly/context.
 start_run` (load, shard, critic, reference, engine copy, optimisers) and reports its peak RSS growth
 over start-up (VmHWM, reset just before, minus VmRSS then); the plan is `horizonrl.plan`'s start-up
 figure for the same config (per GPU, plus rank 0's CPU memory on rank 0: on the CPU both are RSS).
@@ -69,7 +69,7 @@ def rank_main(model: str, out: str) -> None:
     from horizonrl.learner.distributed import start_ranks, stop_ranks
     from horizonrl.plan import plan
     from horizonrl.runstate.checkpoint import StopSignals
-    from horizonrl.train.context import start_run
+    from horizonrl.assembly.context import start_run
 
     torch.set_num_threads(1)
     result, saved = {}, {}

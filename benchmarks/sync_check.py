@@ -1,4 +1,4 @@
-"""The served-policy check's detection table (train/sync_check.py): the toy recipe, shrunk as
+"""The served-policy check's detection table (assembly/sync_check.py): the toy recipe, shrunk as
 tests/integration/test_sync_check_run.py shrinks it, trained for 30 iterations in each mode with its weight syncs
 whole or broken, and the iteration each run stopped at.
 

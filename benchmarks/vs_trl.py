@@ -53,10 +53,10 @@ from horizonrl.learner.device import autocast_dtype
 from horizonrl.learner.models import frozen_copy, load_policy, pad_token_id, resolve_model_path, stop_ids
 from horizonrl.learner.update import Stats, UpdateStep, minibatch_updates
 from horizonrl.records import Episode, Turn
-from horizonrl.train.context import RunContext
+from horizonrl.assembly.context import RunContext
 from horizonrl.train.group import group_advantages_to_tokens
 from horizonrl.train.phases import Stopwatch, score, sync_engine
-from horizonrl.train.sync_check import SyncCheck
+from horizonrl.assembly.sync_check import SyncCheck
 
 TINY = Path(resolve_model_path("builtin:babyai-tiny"))
 REAL = "builtin:smollm2-135m-instruct"

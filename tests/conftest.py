@@ -27,7 +27,7 @@ def river_tiny():
     """A BPE tokenizer trained on the river env's text and a random tiny Llama model for it."""
     from horizonrl import envs
     from horizonrl.config import TinyModel
-    from horizonrl.train.warm_start import build_tiny_for_envs
+    from horizonrl.assembly.warm_start import build_tiny_for_envs
 
     env = envs.make("river")
     tokenizer, model = build_tiny_for_envs([env], TinyModel(), seed=0, device=torch.device("cpu"))

@@ -70,7 +70,7 @@ def exit_codes() -> list[tuple[type[BaseException], int, str]]:
     from horizonrl.engines.retry import EngineError
     from horizonrl.rollout.failures import RolloutsFailed
     from horizonrl.runstate.checkpoint import CheckpointError, StoppedBeforeCheckpoint, TrainingStopped
-    from horizonrl.train.sync_check import EngineOutOfSync
+    from horizonrl.assembly.sync_check import EngineOutOfSync
 
     return [(ConfigError, 2, "config error:\n"),
             (CheckpointError, 2, ""),             # no run folder or checkpoint to resume or export

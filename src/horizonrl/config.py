@@ -145,7 +145,7 @@ class LoRAConfig(Section):
     @model_validator(mode="after")
     def _no_dropout(self) -> LoRAConfig:
         """The trainer keeps its networks in eval mode, so that the sampler and the learner compute the same
-        function (train/context.py): adapter dropout would never act."""
+        function (assembly/context.py): adapter dropout would never act."""
         if self.dropout:
             raise InvalidKey("dropout", f"{self.dropout}: the trainer runs actor and critic in eval mode (the "
                                         "sampler and the learner compute the same function), so adapter dropout "
@@ -262,7 +262,7 @@ class AsyncTrainingConfig(Section):
                                                     "updated; 0: synchronous (rollout, then update)")
     producer: Literal["thread", "process"] = Field(
         "thread", description="where the producer runs with the hf engine: a thread of the learner's process, or a "
-                              "process of its own with its own copy of the policy (train/producer_process.py); the "
+                              "process of its own with its own copy of the policy (assembly/producer_process.py); the "
                               "vllm and openai engines generate in a process of their own already")
 
     @property
@@ -274,7 +274,7 @@ class AsyncTrainingConfig(Section):
 class SyncCheckConfig(Section):
     """After each weight sync, the engine and the learner score the same probe rows of the first batch: a run whose
     gap grows past max(max_growth x the gap before the first update, min_gap) stops, naming the engine and the gap
-    (a stale or partial sync; train/sync_check.py)."""
+    (a stale or partial sync; assembly/sync_check.py)."""
 
     max_growth: float | None = Field(4.0, gt=1, description="how many times the gap on the same weights (before the "
                                                             "first update) a gap after a sync may reach; null: no "
@@ -375,7 +375,7 @@ class OptimConfig(Section):
     max_tokens_per_micro_batch: Annotated[int, Field(gt=0)] | Literal["auto"] | None = Field(
         "auto", description="rows x longest row per forward/backward pass; replaces micro_batch_size when set. "
                             "auto: on CUDA the largest budget that `horizonrl plan` says fits the GPU's memory, on "
-                            "a CPU none (train/context.micro_batch_budget)")
+                            "a CPU none (assembly/context.micro_batch_budget)")
     shared_prefix: bool = Field(
         False, description="rows of a micro-batch that share a prefix of at least 32 tokens run it once "
                            "(learner/shared_prefix.py: the plain forward's values up to summation order); not "

@@ -77,7 +77,7 @@ tests/integration/test_plan_fsdp.py measures b, s H and t with autograd's saved-
 T tokens per micro-batch: optim.max_tokens_per_micro_batch when set (at least one row), else
 optim.micro_batch_size x S. Its default, auto, is the largest budget (a multiple of 256, at most a rank's share
 of a mini-batch) whose plan fits the GPU less 2 GiB (CUDA_RESERVE); the run resolves it the same way from its
-GPU's memory (train/context.micro_batch_budget), and a CPU run has none (micro_batch_size rows).
+GPU's memory (assembly/context.micro_batch_budget), and a CPU run has none (micro_batch_size rows).
 
 S tokens per row (and per engine sequence), estimated from the config (--seq-len sets it):
     window history (default): 1024 (system prompt + observation; Qwen2.5's tokenizer gives 342 for

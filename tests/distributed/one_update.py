@@ -29,7 +29,7 @@ from horizonrl.envs.pool import open_envs
 from horizonrl.learner.distributed import start_ranks, stop_ranks
 from horizonrl.learner.lora import merged_parameters
 from horizonrl.runstate.checkpoint import StopSignals
-from horizonrl.train.context import start_run
+from horizonrl.assembly.context import start_run
 from horizonrl.train.loop import family_iteration
 
 

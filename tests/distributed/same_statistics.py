@@ -2,7 +2,7 @@
 
 Every statistic is over the global batch, so the records agree up to float summation order (relative 1e-4), but
 for timings, how each rank's rows were packed (`padding_share`) and the served-policy check's probe (each rank
-probes its own engine with rows of its own batch, and reports the largest rank's: train/sync_check.py)."""
+probes its own engine with rows of its own batch, and reports the largest rank's: assembly/sync_check.py)."""
 
 import math
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 from horizonrl.tools.registry import import_target
-from horizonrl.train.tasks import DEMO_SEED
+from horizonrl.assembly.tasks import DEMO_SEED
 
 example = import_target("examples/arithmetic_openai_agent.py:agent")
 calculate = import_target("examples/arithmetic_openai_agent.py:calculate")

@@ -14,7 +14,7 @@ from horizonrl.learner.distributed import start_ranks, stop_ranks
 from horizonrl.learner.scoring import token_logprobs
 from horizonrl.plan import saved_for_backward
 from horizonrl.runstate.checkpoint import StopSignals, save_checkpoint
-from horizonrl.train.context import start_run
+from horizonrl.assembly.context import start_run
 
 TOY = Path(__file__).parents[2] / "configs" / "toy.yaml"
 ROWS, SEQ = 2, 96

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-import horizonrl.train.tasks as train_tasks
+import horizonrl.assembly.tasks as train_tasks
 from horizonrl.config import load_config
 from horizonrl.engines.scripted import ScriptedEngine
 from horizonrl.gateway import Gateway, GatewayThread, Recorder

@@ -32,7 +32,7 @@ from horizonrl.learner.scoring import token_logprobs
 from horizonrl.records import Turn
 from horizonrl.train import phases, ppo
 from horizonrl.runstate.checkpoint import StopSignals
-from horizonrl.train.context import start_run
+from horizonrl.assembly.context import start_run
 
 TOY = "configs/toy.yaml"
 SMALL = ["rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
@@ -247,7 +247,7 @@ def test_a_run_that_fails_before_closing_its_producer_process_still_exits(tmp_pa
                  f"output_dir={tmp_path}"]
     script = (f"from horizonrl.config import load_config\n"
               f"from horizonrl.runstate.checkpoint import StopSignals\n"
-              f"from horizonrl.train.context import start_run\n"
+              f"from horizonrl.assembly.context import start_run\n"
               f"with StopSignals() as signals:\n"
               f"    ctx = start_run(load_config({TOY!r}, {overrides!r}), [], signals, None)\n"
               f"ctx.collector.collect()\n"

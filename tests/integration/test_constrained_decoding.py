@@ -22,7 +22,7 @@ from horizonrl.engines.grammar import json_grammar, tool_call_grammar
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.models import stop_ids
 from horizonrl.tools.calls import ToolCall, parse_tool_calls
-from horizonrl.train.warm_start import build_tiny, env_corpus
+from horizonrl.assembly.warm_start import build_tiny, env_corpus
 
 SCHEMA = {
     "type": "object",

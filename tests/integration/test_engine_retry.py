@@ -89,7 +89,7 @@ def test_train_command_reports_a_persistent_engine_failure_in_one_line(tmp_path,
     from horizonrl.cli import main
     from horizonrl.config import SOURCE_CONFIGS
     from horizonrl.engines import retry
-    from horizonrl.train import context
+    from horizonrl.assembly import context
 
     make_engine = context.make_engine
     monkeypatch.setattr(context, "make_engine", lambda *args: DroppedReplies(make_engine(*args), failures=10**6))

@@ -21,7 +21,7 @@ from horizonrl.records import Episode, SampleBatch
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.samples.tensors import Rows
 from horizonrl.train.demonstrations import demonstration_rows, expert_episodes
-from horizonrl.train.warm_start import build_tiny_for_envs
+from horizonrl.assembly.warm_start import build_tiny_for_envs
 
 torch.set_num_threads(1)
 

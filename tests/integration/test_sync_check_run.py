@@ -1,5 +1,5 @@
 """A run whose engine misses a weight sync, or part of one, stops at that sync, naming the engine, the version and
-the gap (train/sync_check.py), at every max_staleness and with a producer thread or process; one whose syncs
+the gap (assembly/sync_check.py), at every max_staleness and with a producer thread or process; one whose syncs
 arrive whole trains on. The toy: the hf engine samples from a copy of the actor (asynchronous training, LoRA),
 refreshed by each sync as a vLLM engine's weights are. benchmarks/sync_check.py runs the whole detection table
 (30 iterations a run)."""

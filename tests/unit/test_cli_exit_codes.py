@@ -12,7 +12,7 @@ from horizonrl.engines.retry import EngineError
 from horizonrl.rollout.failures import RolloutsFailed
 from horizonrl.train import loop
 from horizonrl.runstate.checkpoint import TrainingStopped
-from horizonrl.train.sync_check import EngineOutOfSync
+from horizonrl.assembly.sync_check import EngineOutOfSync
 
 
 def failing_train(error: BaseException):

@@ -9,7 +9,7 @@ from horizonrl.config import ConfigError, RolloutConfig, TrainConfig, load_confi
 from horizonrl.engines.registry import ENGINES, engine
 from horizonrl.rollout.from_config import ENGINE_BUILDERS
 from horizonrl.train.loop import check_world_size
-from horizonrl.train.sync_check import served_by
+from horizonrl.assembly.sync_check import served_by
 
 
 def test_every_engine_the_config_accepts_has_a_builder():

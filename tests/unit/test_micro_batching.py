@@ -17,7 +17,7 @@ from horizonrl.learner.scoring import pack_rows, pack_shared_rows, prompt_values
 from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, minibatch_updates, optimizer_step
 from horizonrl.plan import GIB, auto_token_budget
 from horizonrl.samples.tensors import Rows
-from horizonrl.train.context import micro_batch_budget
+from horizonrl.assembly.context import micro_batch_budget
 
 TOY = SOURCE_CONFIGS / "toy.yaml"
 

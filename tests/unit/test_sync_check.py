@@ -1,4 +1,4 @@
-"""The served-policy check (train/sync_check.py) on the shipped tiny policy and a real hf engine over a copy of it:
+"""The served-policy check (assembly/sync_check.py) on the shipped tiny policy and a real hf engine over a copy of it:
 after each sync the engine and the learner score the first batch's probe rows; a sync the engine did not take
 (none of it, or not its MLPs) stops at that sync, naming the engine, the version and the gap, whatever sampled the
 batch. The expected log-probs come from the model's own logits (a plain forward, log_softmax), not from the code
@@ -12,7 +12,7 @@ import torch
 from horizonrl.engines.hf import HFEngine
 from horizonrl.learner.models import load_policy, pad_token_id
 from horizonrl.records import Episode, Turn
-from horizonrl.train.sync_check import EngineOutOfSync, SyncCheck
+from horizonrl.assembly.sync_check import EngineOutOfSync, SyncCheck
 
 
 @pytest.fixture(scope="module")

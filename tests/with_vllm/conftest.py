@@ -16,7 +16,7 @@ def tiny():
     sync test changes its weights."""
     from horizonrl import envs
     from horizonrl.config import TinyModel
-    from horizonrl.train.warm_start import build_tiny_for_envs
+    from horizonrl.assembly.warm_start import build_tiny_for_envs
 
     tokenizer, model = build_tiny_for_envs([envs.make("river")], TinyModel(hidden_size=128, intermediate_size=384),
                                            seed=0, device=torch.device("cpu"))

@@ -29,7 +29,7 @@ from horizonrl.records import Episode, Turn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_engine
 from horizonrl.samples.tensors import pad
-from horizonrl.train.sync_check import EngineOutOfSync, SyncCheck
+from horizonrl.assembly.sync_check import EngineOutOfSync, SyncCheck
 
 
 def test_a_head_size_without_a_cpu_kernel_fails_in_one_line(river_tiny):
@@ -227,7 +227,7 @@ def test_the_weights_folder_is_the_runs_per_rank_or_the_configured_one(tiny, llm
 
 def check_scores(engine, model, tokenizer) -> float:
     """The engine's scores of sampled responses (TrainingEngine.score, temperature 1) against the learner's; then a
-    served-policy check over the engine (train/sync_check.py): the learner updated (`perturbed`) and no sync sent
+    served-policy check over the engine (assembly/sync_check.py): the learner updated (`perturbed`) and no sync sent
     stops it at once. Returns the max |logp diff| of the scores."""
     prompts = prompts_of(tokenizer, 3)
     generations = generate_all(engine, prompts, SamplingParams(max_tokens=12, seed=3))

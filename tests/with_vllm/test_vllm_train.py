@@ -63,7 +63,7 @@ def test_toy_recipe_trains_asynchronously_with_vllm_rollouts(tmp_path):
 def test_a_vllm_engine_that_keeps_old_weights_stops_the_asynchronous_run_at_that_sync(tmp_path, monkeypatch, capsys):
     """K = 1: from the second sync on the engine is sent the first sync's weights again (a stale sync: vLLM reloads,
     the version moves on, the weights do not). The served-policy check stops the run at that sync, iteration 2,
-    though every batch trained was sampled ahead by older weights (train/sync_check.py)."""
+    though every batch trained was sampled ahead by older weights (assembly/sync_check.py)."""
     merged, first = phases.merged_parameters, []
 
     def stale(actor):

@@ -86,7 +86,7 @@ class TrainingEngine(Engine, Protocol):
     def score(self, rows: list[ScoredRow]) -> list[list[float]]:
         """For each row, the log-prob of each of its response tokens given the prompt and the response tokens
         before it, under the weights the engine samples from now, at temperature 1 (the model's own softmax):
-        what the served-policy check (train/sync_check.py) compares with the learner's. Never while a weight
+        what the served-policy check (assembly/sync_check.py) compares with the learner's. Never while a weight
         sync runs."""
         ...
 

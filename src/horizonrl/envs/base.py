@@ -14,7 +14,7 @@ An env speaks text: observations are strings, actions are names from `env.action
     instruction        read again before every prompt, so it may change during an episode
     translations       normalised near-miss -> action name (e.g. "move forward" -> "go forward")
     map_symbols        (optional) the characters of a map the observation draws as text: a tiny model's tokenizer
-                       keeps each a token of its own (train/warm_start.py)
+                       keeps each a token of its own (assembly/warm_start.py)
     unwrapped          the simulator underneath (minigrid, crafter, ...), for tests and debugging
 """
 

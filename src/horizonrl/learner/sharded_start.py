@@ -71,7 +71,7 @@ def sharded_networks(cfg: TrainConfig, policy: nn.Module | None, ranks: Ranks, d
 
 
 def initial_sources(cfg: TrainConfig, policy: nn.Module, with_critic: bool) -> tuple[nn.Module, nn.Module | None]:
-    """(actor, critic) holding the initial weights, as one process builds them (train/context.start_run):
+    """(actor, critic) holding the initial weights, as one process builds them (assembly/context.start_run):
     the policy itself, and a critic whose backbone is the policy's own (no copy) with its value head 0; with
     LoRA, the critic a copy and the adapters added to both under the run's seed."""
     policy.eval()

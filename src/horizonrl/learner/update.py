@@ -195,7 +195,7 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
     the fraction of tokens over the cap, truncated or masked), when there is a logp_engine; with
     `sampled_by_current`, the share of tokens the weights being trained sampled and their own gap,
     `rollout/logprob_abs_diff_current` (float rounding only, where the engine holds those weights; the
-    served-policy check, train/sync_check.py, scores probe rows of its own instead, at every staleness)."""
+    served-policy check, assembly/sync_check.py, scores probe rows of its own instead, at every staleness)."""
     def loss_fn(mb, num_tokens, num_seqs):
         mask = mb.loss_mask
         logp, entropy = token_logprobs(actor, mb.input_ids, mb.attention_mask, mask, temperature)

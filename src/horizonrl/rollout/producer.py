@@ -29,7 +29,7 @@ learner's passes are torch kernels that release the GIL; the two threads contend
 Measured on the default job (benchmarks/producer_placement.py, BENCHMARKS.md): beside a producer thread the
 learner runs 0.97-0.98 as fast as beside a producer process, the producer thread 0.83-0.85 as fast as a process
 would. `rollout.async_training.producer: process` runs this same Producer in a process of its own, with its own
-engine and envs (train/producer_process.py).
+engine and envs (assembly/producer_process.py).
 """
 
 from __future__ import annotations

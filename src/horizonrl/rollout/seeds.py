@@ -6,7 +6,7 @@ episode-group and task-group collectors play r*B, r*B + 1, ..., one seed per tas
 collects with r = s (PPO batches, critic warmup, episode groups) and, for the tiny model's format
 warm start, r = s + 7919. So every seed a run trains on is r*B + j with 0 <= j < the number of
 episodes that collector started. (The tiny model's BPE tokenizer also reads random-play text from
-seeds s * 100_003 + e, e < 64: see train/warm_start.env_corpus.)
+seeds s * 100_003 + e, e < 64: see assembly/warm_start.env_corpus.)
 
 Held out. Evaluation plays seeds HELD_OUT_START + i, i < HELD_OUT_COUNT, i.e. [500_100, 600_000).
 They lie in block 0 at offsets >= 500_100, so r*B + j is one of them only if r = 0 and j >= 500_100:

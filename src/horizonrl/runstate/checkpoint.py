@@ -13,7 +13,7 @@ exactly where the run was (`TrainingState`), written by every rank of a torchrun
                                  ".../rng/shuffle")
     training_state.json          iteration, world size, the engine's weights version, each rank's
                                  collector state (env streams), served-policy check (probe rows, floor:
-                                 train/sync_check.py) and python and numpy RNG states
+                                 assembly/sync_check.py) and python and numpy RNG states
 The reference policy is not saved: it is the run's initial policy, reloaded from `init/` (tiny
 model) or from `model.path`, which must still hold the weights the run started from; a resumed run
 loads it, then the checkpoint's weights over it. `horizonrl export` turns a checkpoint into a model
@@ -175,7 +175,7 @@ class TrainingState:
     shuffle: torch.Generator
     engine: TrainingEngine
     collector: Collector
-    sync_check: Stateful           # the served-policy check (train/sync_check.py): its probe rows and measures
+    sync_check: Stateful           # the served-policy check (assembly/sync_check.py): its probe rows and measures
     critic: torch.nn.Module | None = None
     critic_opt: torch.optim.Optimizer | None = None
     ranks: Ranks = LOCAL

@@ -6,7 +6,7 @@
                 algos/group.py) on every sampled token of the episode; GiGPO adds each turn's discounted return
                 normalised among the group's turns that start in the same env state (algos/gigpo.py)
     update      the actor's clipped surrogate (actor.kl_loss_coef puts a KL to the reference in the loss)
-    sync        the engine samples from the updated actor; the served-policy check (train/sync_check.py)
+    sync        the engine samples from the updated actor; the served-policy check (assembly/sync_check.py)
     record      metrics.jsonl (and the other sinks), two sample episodes in trajectories.jsonl
 
 What it simplifies: an episode's advantage is one number on all of its tokens (GiGPO's, one a turn); there is no
@@ -26,7 +26,7 @@ from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.update import Stats, UpdateStep, minibatch_updates
 from horizonrl.train import phases
 from horizonrl.train.batch import PPOBatch, kept_episodes
-from horizonrl.train.context import RunContext
+from horizonrl.assembly.context import RunContext
 
 
 def group_iteration(ctx: RunContext, i: int) -> phases.Iteration:

@@ -40,9 +40,9 @@ from horizonrl.rollout.failures import RolloutsFailed
 from horizonrl.train import group, phases, ppo
 from horizonrl.runstate.checkpoint import (StopSignals, TrainingStopped, complete_checkpoints, prepare_resume,
                                         save_checkpoint)
-from horizonrl.train.collectors import run_envs
-from horizonrl.train.context import RunContext, start_run
-from horizonrl.train.sync_check import EngineOutOfSync
+from horizonrl.assembly.collectors import run_envs
+from horizonrl.assembly.context import RunContext, start_run
+from horizonrl.assembly.sync_check import EngineOutOfSync
 from horizonrl.train.validation import Validation
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ def train(cfg: TrainConfig, progress: bool = True, resume: Path | None = None) -
     the critic warmup) it stops the run within seconds with StoppedBeforeCheckpoint, nothing saved.
 
     Launched by torchrun (WORLD_SIZE set), every rank runs this same function on its share of the
-    streams or tasks (see train/context.py); rank 0 alone writes the logs and the report."""
+    streams or tasks (see assembly/context.py); rank 0 alone writes the logs and the report."""
     with precision(cfg.precision):
         check_sinks(cfg.report_to)
         ranks, device = start_ranks(cfg.dist, cfg.device)

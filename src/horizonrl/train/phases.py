@@ -21,8 +21,8 @@ from horizonrl.report.trajectories import trajectory_records, write_trajectories
 from horizonrl.rollout.producer import Producer
 from horizonrl.samples.split_advice import split_advice
 from horizonrl.train.batch import PPOBatch, batch_metrics, prepare, score_batch
-from horizonrl.train.context import RunContext
-from horizonrl.train.producer_process import ProducerProcess
+from horizonrl.assembly.context import RunContext
+from horizonrl.assembly.producer_process import ProducerProcess
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def needed_scores(cfg: TrainConfig, n_rows: int | None, ranks: Ranks = LOCAL) ->
 def sync_engine(ctx: RunContext) -> dict[str, float]:
     """The engine samples from the updated actor: its own module, or a copy refreshed one whole
     tensor at a time from the actor's shards (every rank gathers, in the same order). Returns the served-policy
-    check's metrics (train/sync_check.py: EngineOutOfSync when the engine did not take the weights)."""
+    check's metrics (assembly/sync_check.py: EngineOutOfSync when the engine did not take the weights)."""
     ctx.engine.sync_weights(ctx.actor, merged_parameters(ctx.actor))
     return ctx.sync_check.after_sync(ctx.engine, ctx.actor)
 

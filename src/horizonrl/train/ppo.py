@@ -8,7 +8,7 @@
                 then dual-discount GAE: (gamma_token, lambda_token) inside a turn, (gamma_step, lambda_step)
                 from a turn to the next (algos/advantages.py)
     update      the critic's clipped value loss, then the actor's clipped surrogate, mini-batch by mini-batch
-    sync        the engine samples from the updated actor; the served-policy check (train/sync_check.py)
+    sync        the engine samples from the updated actor; the served-policy check (assembly/sync_check.py)
     record      metrics.jsonl (and the other sinks), two sample episodes in trajectories.jsonl
 
 Iteration 0 is the critic warmup (Verlog): `critic.warmup_batches` batches collected with the initial policy, the
@@ -36,7 +36,7 @@ from horizonrl.records import Episode
 from horizonrl.report.metrics import episode_metrics
 from horizonrl.train import phases
 from horizonrl.train.batch import PPOBatch, played_episodes, sampled_tokens, score_batch
-from horizonrl.train.context import RunContext
+from horizonrl.assembly.context import RunContext
 
 
 def ppo_iteration(ctx: RunContext, i: int) -> phases.Iteration:

@@ -32,7 +32,7 @@ from horizonrl.report.sinks import MetricsSinks, check_sinks
 from horizonrl.rollout.failures import raise_if_none_succeeded
 from horizonrl.rollout.from_config import make_agent
 from horizonrl.runstate.checkpoint import save_checkpoint
-from horizonrl.train.context import build_policy, make_run_dir
+from horizonrl.assembly.context import build_policy, make_run_dir
 from horizonrl.train.demonstrations import demonstration_rows, expert_episodes
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ from horizonrl.rollout.interaction import as_interaction
 from horizonrl.rollout.task_groups import AgentLoopTasks
 from horizonrl.samples.per_turn import per_turn
 from horizonrl.tools.registry import import_target, tools_from_references
-from horizonrl.train.warm_start import build_tiny
+from horizonrl.assembly.warm_start import build_tiny
 
 log = logging.getLogger(__name__)
 TEACHER_CONTEXT = 1 << 20  # the teacher has no context limit

@@ -17,7 +17,7 @@ process start-up (seconds), and each batch pickled across. Trained end to end on
 (benchmarks/async.py --process) it was no faster than the thread (0.90-1.04x the thread's env steps per second),
 so the thread is the default; the process is for learners whose Python the producer's would slow (a GPU's).
 
-The producer process builds what the learner's process would have (train/collectors.py: the same envs and
+The producer process builds what the learner's process would have (assembly/collectors.py: the same envs and
 collector, the same engine seed) and plays them under the same gate, so the staleness bound and the resume
 rule are the producer's; the learner's process keeps the engine's version (the checkpoint's) in step with
 it. Messages are one at a time, each answered, in the learner's order: the producer process only reads
@@ -51,7 +51,7 @@ from horizonrl.learner.models import engine_copy
 from horizonrl.records import Episode
 from horizonrl.rollout.from_config import make_engine
 from horizonrl.rollout.producer import Producer, TakenBatch, async_metrics
-from horizonrl.train.collectors import make_collector, run_envs
+from horizonrl.assembly.collectors import make_collector, run_envs
 
 
 class ProducerProcess:

@@ -2,8 +2,8 @@
 
     policy (loaded, or tiny + warm start; resuming: the initial one) -> engine (samples from the actor
     itself, or from a whole copy of its own) -> collector (fixed-turn for ppo, episode or task groups
-    for the group algorithms, train/collectors.py; with rollout.async_training, played ahead by a producer
-    thread, or a producer process with its own engine and envs: train/producer_process.py) ->
+    for the group algorithms, assembly/collectors.py; with rollout.async_training, played ahead by a producer
+    thread, or a producer process with its own engine and envs: assembly/producer_process.py) ->
     critic (ppo) -> reference (a frozen copy; with model.lora, the actor with its adapters disabled,
     after adapters go on actor and critic) -> optimisers (over what trains) -> metrics sinks ->
     checkpointer (restores a resumed run's weights and state)
@@ -50,11 +50,11 @@ from horizonrl.rollout.producer import Producer
 from horizonrl.runstate.budget import Progress
 from horizonrl.runstate.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
                                         save_checkpoint)
-from horizonrl.train.collectors import make_collector
-from horizonrl.train.producer_process import ProducerProcess
-from horizonrl.train.sync_check import SyncCheck, served_by
-from horizonrl.train.tasks import build_tiny_for_task, task_warm_start
-from horizonrl.train.warm_start import build_tiny_for_envs, format_warm_start
+from horizonrl.assembly.collectors import make_collector
+from horizonrl.assembly.producer_process import ProducerProcess
+from horizonrl.assembly.sync_check import SyncCheck, served_by
+from horizonrl.assembly.tasks import build_tiny_for_task, task_warm_start
+from horizonrl.assembly.warm_start import build_tiny_for_envs, format_warm_start
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class RunContext:
     `micro_batch_budget`: what one forward/backward pass of the learner may hold (`micro_batch_budget`).
     `splits_explained`: the run was told why its merged rows split (train/phases.py explain_splits).
     `sharing`: with optim.shared_prefix, each network body's prefix sharing and its counts.
-    `sync_check`: the served-policy check after each weight sync (train/sync_check.py)."""
+    `sync_check`: the served-policy check after each weight sync (assembly/sync_check.py)."""
 
     cfg: TrainConfig
     run_dir: Path

@@ -1,7 +1,7 @@
 """What a run collects its batches from: this rank's env handles and the collector the config describes.
 
-The learner's process builds them (train/loop.py, train/context.py), and so does a producer process
-(train/producer_process.py) for its own engine, so both collect exactly the same way.
+The learner's process builds them (train/loop.py, assembly/context.py), and so does a producer process
+(assembly/producer_process.py) for its own engine, so both collect exactly the same way.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from horizonrl.rollout.episode_groups import EnvEpisodes, load_reward_fn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_agent, sampling_params
 from horizonrl.rollout.groups import GroupCollector
-from horizonrl.train.tasks import task_collector
+from horizonrl.assembly.tasks import task_collector
 
 
 def run_envs(cfg: TrainConfig, ranks: Ranks) -> list:
