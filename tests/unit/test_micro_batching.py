@@ -176,8 +176,8 @@ def step(policy, data, budget, loss_agg, wrap=lambda loss_fn: loss_fn):
     loss_fn = wrap(actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.01, loss_agg, 1.0, kl_loss_coef=0.1))
     stats = Stats()
     rows = list(range(len(LENGTHS)))
-    optimizer_step(optimizer, data, rows, budget, loss_fn, float(data.loss_mask.sum()), float(len(rows)),
-                   1.0, stats)
+    optimizer_step(UpdateStep(optimizer, loss_fn, 1.0, stats), data, rows, budget, float(data.loss_mask.sum()),
+                   float(len(rows)))
     return dict(actor.named_parameters()), stats
 
 

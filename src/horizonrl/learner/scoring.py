@@ -192,8 +192,10 @@ def score(data: Rows, budget: MicroBatchBudget, temperature: float = 1.0, actor=
             logp, entropy = (None, None) if actor is None else token_logprobs(actor, *args, temperature=temperature)
             logp_ref = None if reference is None else token_logprobs(reference, *args, temperature=temperature)[0]
             values = None if critic is None else token_values(critic, *args)
+        if rows is None:                        # an empty micro-batch: its passes only join the other ranks'
+            continue
         for k, value in enumerate((logp, entropy, logp_ref, values)):
-            if rows is not None and value is not None:
+            if value is not None:
                 if out[k] is None:
                     out[k] = torch.zeros(data.input_ids.shape, dtype=value.dtype, device=value.device)
                 out[k][rows, :value.shape[1]] = value

@@ -105,10 +105,20 @@ def accumulate_gradients(optimizer, batches: Iterable[tuple[Rows | None, Plan | 
     return values[0], stats
 
 
-def optimizer_step(optimizer, data: Rows, rows: list[int], budget: MicroBatchBudget,
-                   loss_fn: LossFn, num_tokens: float, num_seqs: float, grad_clip: float,
-                   stats: Stats, ranks: Ranks = LOCAL) -> MicroBatchBudget:
-    """One optimizer step over the mini-batch `rows` of `data`, in micro-batches within `budget`.
+@dataclass
+class UpdateStep:
+    """What one network's optimizer step on a mini-batch needs: its optimizer, its loss, the gradient norm it is
+    clipped to, and the statistics the step adds to."""
+
+    optimizer: torch.optim.Optimizer
+    loss_fn: LossFn
+    grad_clip: float
+    stats: Stats
+
+
+def optimizer_step(update: UpdateStep, data: Rows, rows: list[int], budget: MicroBatchBudget, num_tokens: float,
+                   num_seqs: float, ranks: Ranks = LOCAL) -> MicroBatchBudget:
+    """`update`'s optimizer step over the mini-batch `rows` of `data`, in micro-batches within `budget`.
 
     `padding_share` (of the token slots the micro-batches compute, the padding: each micro-batch is as wide as its
     longest row, or, sharing prefixes, as its Plan's two passes) tells how well they are packed.
@@ -121,9 +131,9 @@ def optimizer_step(optimizer, data: Rows, rows: list[int], budget: MicroBatchBud
         try:
             packed = micro_batches(data, rows, budget)
             loss_total, step_stats = accumulate_gradients(
-                optimizer, ((data.select(group) if group is not None else None, micro_batch)
+                update.optimizer, ((data.select(group) if group is not None else None, micro_batch)
                             for group, micro_batch in padded_groups(packed, ranks, (None, None))),
-                loss_fn, num_tokens, num_seqs, data)
+                update.loss_fn, num_tokens, num_seqs, data)
             break
         except RuntimeError as error:
             if not is_out_of_memory(error):
@@ -132,25 +142,26 @@ def optimizer_step(optimizer, data: Rows, rows: list[int], budget: MicroBatchBud
                 raise RuntimeError(f"out of memory in a micro-batch with the budget {budget}; lower "
                                    "optim.max_tokens_per_micro_batch (or optim.micro_batch_size)") from error
         # outside the except block, so that the failed attempt's tensors are freed
-        optimizer.zero_grad(set_to_none=True)
+        update.optimizer.zero_grad(set_to_none=True)
         halved = budget.halved()
         log.warning("out of memory in a micro-batch with %s: retrying the step with %s", budget, halved)
         budget = halved
     slots = sum(micro_batch.slots() for _, micro_batch in packed)
     step_stats.add("padding_share", slots - sum(micro_batch.computed() for _, micro_batch in packed), slots)
+    stats = update.stats
     stats.merge(step_stats.summed(ranks))
     stats.add("oom_retries", float(retry), 0.0)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    grad_norm = clip_grad_norm(params, grad_clip)
+    params = [p for group in update.optimizer.param_groups for p in group["params"]]
+    grad_norm = clip_grad_norm(params, update.grad_clip)
     loss_total = ranks.sum([loss_total])[0]
     finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
     if finite:
-        optimizer.step()
+        update.optimizer.step()
         stats.add("loss", loss_total)
         stats.add("grad_norm", grad_norm)
     else:
         log.warning("non-finite loss (%s) or gradient norm (%s): update skipped", loss_total, grad_norm)
-        optimizer.zero_grad(set_to_none=True)
+        update.optimizer.zero_grad(set_to_none=True)
     stats.add("skipped_updates", float(not finite), 0.0)
     return budget
 
@@ -248,17 +259,6 @@ def single_optimizer_step(n_rows: int, mini_batch_size: int, epochs: int, ranks:
     return epochs == 1 and optimizer_steps_per_epoch(n_rows, mini_batch_size, ranks) == 1
 
 
-@dataclass
-class UpdateStep:
-    """What one network's optimizer step on a mini-batch needs: its optimizer, its loss, the gradient norm it is
-    clipped to, and the statistics the step adds to."""
-
-    optimizer: torch.optim.Optimizer
-    loss_fn: LossFn
-    grad_clip: float
-    stats: Stats
-
-
 def minibatch_updates(data: Rows, mini_batch_size: int, budget: MicroBatchBudget, epochs: int,
                       generator: torch.Generator, steps: list[UpdateStep], ranks: Ranks = LOCAL) -> None:
     """For each epoch, shuffle this rank's rows, cut them into mini-batches of mini_batch_size /
@@ -275,5 +275,4 @@ def minibatch_updates(data: Rows, mini_batch_size: int, budget: MicroBatchBudget
             rows = order[step * size:(step + 1) * size]
             num_tokens, num_seqs = ranks.sum([float(data.loss_mask[rows].sum()), float(len(rows))])
             for i, update in enumerate(steps):
-                budgets[i] = optimizer_step(update.optimizer, data, rows, budgets[i], update.loss_fn, num_tokens,
-                                            num_seqs, update.grad_clip, update.stats, ranks)
+                budgets[i] = optimizer_step(update, data, rows, budgets[i], num_tokens, num_seqs, ranks)
