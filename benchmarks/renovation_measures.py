@@ -9,6 +9,8 @@
   chosen by which keys a dict has;
 - `optional_fields`: `mb.logp_ref is not None`-style tests of a typed batch's optional field (samples/tensors.py
   Rows, whose comment says when the field is None): what the key tests became;
+- `module_settings`: `setattr(...)` calls in the package, each an attribute set on an object at run time that no
+  signature shows (the shared prefix's switch was one; FSDP2's registered forward method is the one left);
 - `long_functions`: functions (methods included) over 50 lines;
 - `long_lines`: source lines over 110 characters;
 - `ruff`: what `ruff check` (the pyproject's rules, from the working tree) finds in src/, tests/ and benchmarks/;
@@ -77,6 +79,11 @@ def optional_fields(tree: ast.AST) -> list[int]:
             and isinstance(node.left, ast.Attribute) and node.left.attr in BATCH_FIELDS]
 
 
+def module_settings(tree: ast.AST) -> list[int]:
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"]
+
+
 def long_functions(tree: ast.AST) -> list[str]:
     return [f"{node.name}:{node.lineno} ({node.end_lineno - node.lineno + 1} lines)" for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
@@ -85,7 +92,8 @@ def long_functions(tree: ast.AST) -> list[str]:
 
 def static_measures(tree_root: Path) -> dict:
     package = tree_root / "src" / "horizonrl"
-    sites = {"name_compares": [], "key_presence": [], "optional_fields": [], "long_functions": []}
+    sites = {"name_compares": [], "key_presence": [], "optional_fields": [], "module_settings": [],
+             "long_functions": []}
     n_long_lines = 0
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package).as_posix()
@@ -96,6 +104,7 @@ def static_measures(tree_root: Path) -> dict:
             sites["name_compares"] += [f"{relative}:{line}" for line in name_compares(tree)]
         sites["key_presence"] += [f"{relative}:{line}" for line in key_presence(tree)]
         sites["optional_fields"] += [f"{relative}:{line}" for line in optional_fields(tree)]
+        sites["module_settings"] += [f"{relative}:{line}" for line in module_settings(tree)]
         sites["long_functions"] += [f"{relative}:{where}" for where in long_functions(tree)]
     return {**{key: len(value) for key, value in sites.items()}, "long_lines": n_long_lines, "sites": sites}
 

@@ -30,7 +30,7 @@ import torch
 from horizonrl.config import SOURCE_CONFIGS, MicroBatchBudget, load_config
 from horizonrl.learner.lora import lm_body
 from horizonrl.learner.models import ValueModel, load_policy, pad_token_id
-from horizonrl.learner.shared_prefix import SETTING, share_prefixes, stop_sharing
+from horizonrl.learner.shared_prefix import prefix_sharing
 from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, critic_loss_fn, minibatch_updates
 from horizonrl.records import Episode, Turn
 from horizonrl.rollout.from_config import make_agent
@@ -80,24 +80,22 @@ def ppo_data(samples, pad_id: int) -> Rows:
 def update_seconds(actor, critic, data: Rows, budget: MicroBatchBudget) -> tuple[float, float]:
     """(seconds of one minibatch_updates of the critic (if any) and the actor, shared share) after a warm-up."""
     shared = budget.shared_prefix
-    bodies = [lm_body(actor)] + ([critic.backbone] if critic is not None else [])
-    for body in bodies:
-        if shared:
-            share_prefixes(body)
-        else:
-            stop_sharing(body)
+    actor_sharing = prefix_sharing(lm_body(actor)) if shared else None
+    critic_sharing = prefix_sharing(critic.backbone) if shared and critic is not None else None
+    sharings = [s for s in (actor_sharing, critic_sharing) if s is not None]
     for batch in (data.select([0, 1]), data):      # a warm-up on two rows, then the batch, timed
         steps = [UpdateStep(torch.optim.AdamW(actor.parameters(), lr=1e-7),
-                            actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0), 1.0, Stats())]
+                            actor_loss_fn(actor, 0.2, 0.2, 3.0, 0.0, "token-mean", 1.0, sharing=actor_sharing), 1.0,
+                            Stats())]
         if critic is not None:
             steps.insert(0, UpdateStep(torch.optim.AdamW(critic.parameters(), lr=1e-7),
-                                       critic_loss_fn(critic, 0.5, 1.0), 1.0, Stats()))
-        for body in bodies if shared else []:
-            getattr(body, SETTING).taken()             # the counts of this pass alone
+                                       critic_loss_fn(critic, 0.5, 1.0, critic_sharing), 1.0, Stats()))
+        for sharing in sharings:
+            sharing.taken()                            # the counts of this pass alone
         started = time.perf_counter()
         minibatch_updates(batch, len(batch), budget, 1, torch.Generator().manual_seed(0), steps)
         seconds = time.perf_counter() - started
-    counts = [getattr(body, SETTING).taken() for body in bodies] if shared else [(1, 0)]
+    counts = [sharing.taken() for sharing in sharings] if shared else [(1, 0)]
     return seconds, sum(skipped for _, skipped in counts) / max(sum(tokens for tokens, _ in counts), 1)
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from horizonrl.learner.lora import lm_body
-from horizonrl.learner.shared_prefix import body_hidden, share_prefixes, stop_sharing
+from horizonrl.learner.shared_prefix import body_hidden, prefix_sharing
 from horizonrl.samples.tensors import pad
 
 
@@ -25,11 +25,8 @@ def rows_that_share(vocab: int, seed: int = 0) -> list[list[int]]:
 
 def hidden_and_grads(model, input_ids, attention_mask, min_shared):
     model.zero_grad()
-    if min_shared:
-        share_prefixes(lm_body(model), min_shared)
-    else:
-        stop_sharing(lm_body(model))
-    hidden = body_hidden(lm_body(model), input_ids, attention_mask)
+    sharing = prefix_sharing(lm_body(model), min_shared) if min_shared else None
+    hidden = body_hidden(lm_body(model), input_ids, attention_mask, sharing)
     weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(1)) * attention_mask[..., None]
     (hidden * weights).sum().backward()
     return hidden.detach() * attention_mask[..., None], {n: p.grad.clone() for n, p in model.named_parameters()
@@ -130,7 +127,7 @@ def test_a_layer_type_nobody_listed_is_refused_naming_it():
 
     model = tiny(Qwen2Config, layer_types=["full_attention", "linear_attention"])
     with pytest.raises(ConfigError, match="linear_attention.*optim.shared_prefix: false"):
-        share_prefixes(lm_body(model))
+        prefix_sharing(lm_body(model))
 
 
 def test_the_start_up_probe_stops_sharing_that_differs_from_the_plain_forward(river_tiny, monkeypatch, caplog):
@@ -146,15 +143,12 @@ def test_the_start_up_probe_stops_sharing_that_differs_from_the_plain_forward(ri
     plain = shared_prefix.plain_hidden(body, input_ids, attention_mask)
     real = shared_prefix.grouped_hidden
     monkeypatch.setattr(shared_prefix, "grouped_hidden", lambda *args: real(*args) * 1.01)
-    sharing = share_prefixes(body)
-    try:
-        with caplog.at_level("WARNING", logger="horizonrl.learner.shared_prefix"):
-            probed = body_hidden(body, input_ids, attention_mask)
-    finally:
-        stop_sharing(body)
+    sharing = prefix_sharing(body)
+    with caplog.at_level("WARNING", logger="horizonrl.learner.shared_prefix"):
+        probed = body_hidden(body, input_ids, attention_mask, sharing)
     assert torch.equal(probed, plain)
     assert sharing.probe_gap == pytest.approx(0.01, rel=1e-3)
-    assert shared_prefix.SETTING not in vars(body)
+    assert not sharing.on
     assert "differs from the plain forward by 0.01" in caplog.text
 
 
@@ -163,13 +157,10 @@ def test_a_healthy_probe_keeps_sharing(river_tiny):
     rows = rows_that_share(64)
     input_ids, attention_mask = pad(rows, 0, torch.long, "cpu"), pad([[1] * len(r) for r in rows], 0, torch.long, "cpu")
     body = lm_body(model)
-    sharing = share_prefixes(body)
-    try:
-        body_hidden(body, input_ids, attention_mask)
-        assert sharing.probe_gap is not None and sharing.probe_gap < 1e-5
-        assert sharing.skipped == 2 * 60 + 45          # the 60-token prefix stands for 2 more rows, the 45 for 1
-    finally:
-        stop_sharing(body)
+    sharing = prefix_sharing(body)
+    body_hidden(body, input_ids, attention_mask, sharing)
+    assert sharing.probe_gap is not None and sharing.probe_gap < 1e-5 and sharing.on
+    assert sharing.skipped == 2 * 60 + 45          # the 60-token prefix stands for 2 more rows, the 45 for 1
 
 
 @pytest.mark.parametrize("rows", [[[5], [7], [9]], [[5, 6, 7], [1]], [[3] * 40 + [4], [3] * 40 + [5], []]],
@@ -177,7 +168,7 @@ def test_a_healthy_probe_keeps_sharing(river_tiny):
 def test_micro_batches_of_one_token_or_padding_rows_give_the_plain_forward(river_tiny, rows):
     """Rows too short to share, or a row of padding only, beside others that share: two passes (or the plain
     one) all the same, no error, the plain forward's hidden states on every real token."""
-    from horizonrl.learner.shared_prefix import Plan, plain_hidden, planned, two_passes
+    from horizonrl.learner.shared_prefix import Plan, plain_hidden, two_passes
 
     _, model = river_tiny
     input_ids = pad([r or [0] for r in rows], 0, torch.long, "cpu")
@@ -185,12 +176,10 @@ def test_micro_batches_of_one_token_or_padding_rows_give_the_plain_forward(river
     body = lm_body(model)
     plain = plain_hidden(body, input_ids, attention_mask) * attention_mask[..., None]
     lengths = [len(r) for r in rows]
-    share_prefixes(body, min_shared=1).probe_gap = 0.0
-    try:
-        with planned(Plan(lengths, two_passes(lengths, []), min_shared=1)):      # every row alone, in two passes
-            shared = body_hidden(body, input_ids, attention_mask) * attention_mask[..., None]
-    finally:
-        stop_sharing(body)
+    sharing = prefix_sharing(body, min_shared=1)
+    sharing.probe_gap = 0.0
+    every_row_alone = Plan(lengths, two_passes(lengths, []), min_shared=1)      # in two passes
+    shared = body_hidden(body, input_ids, attention_mask, sharing, every_row_alone) * attention_mask[..., None]
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=0)
 
 
@@ -220,11 +209,53 @@ def test_rows_that_share_nothing_run_the_plain_pass_unless_another_rank_shares(r
     plain = plain_hidden(body, input_ids, attention_mask) * attention_mask[..., None]
     passes = []
     hook = body.register_forward_pre_hook(lambda *_: passes.append(1))
-    share_prefixes(body, ranks=LOCAL if ranks == "alone" else AnotherRankShares()).probe_gap = 0.0
+    sharing = prefix_sharing(body, ranks=LOCAL if ranks == "alone" else AnotherRankShares())
+    sharing.probe_gap = 0.0
     try:
-        shared = body_hidden(body, input_ids, attention_mask) * attention_mask[..., None]
+        shared = body_hidden(body, input_ids, attention_mask, sharing) * attention_mask[..., None]
     finally:
         hook.remove()
-        stop_sharing(body)
     assert len(passes) == (1 if ranks == "alone" else 2)
     torch.testing.assert_close(shared, plain, atol=1e-5, rtol=0)
+
+
+def test_the_updates_forwards_share_with_the_sharing_they_are_given(river_tiny):
+    """The actor's and the critic's losses run their forwards with the Sharing they are given (an argument, not a
+    module attribute): an update of rows that share counts each row token once and the 2 x 60 + 45 that the
+    shared prefixes' single passes stood for."""
+    from horizonrl.config import MicroBatchBudget
+    from horizonrl.learner.models import ValueModel
+    from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, critic_loss_fn, minibatch_updates
+    from horizonrl.samples.tensors import Rows
+
+    _, model = river_tiny
+    rows = rows_that_share(64)
+    input_ids, attention_mask = pad(rows, 0, torch.long, "cpu"), pad([[1] * len(r) for r in rows], 0, torch.long, "cpu")
+    zeros = torch.zeros(input_ids.shape)
+    data = Rows(input_ids, attention_mask, attention_mask.float(), values_old=zeros, advantages=zeros, returns=zeros)
+    critic = ValueModel.from_policy(model)
+    actor_sharing, critic_sharing = prefix_sharing(lm_body(model)), prefix_sharing(critic.backbone)
+    steps = [UpdateStep(torch.optim.SGD(critic.parameters(), lr=0.0), critic_loss_fn(critic, 0.5, 1.0, critic_sharing),
+                        1.0, Stats()),
+             UpdateStep(torch.optim.SGD(model.parameters(), lr=0.0),
+                        actor_loss_fn(model, 0.2, 0.2, None, 0.0, "token-mean", 1.0, sharing=actor_sharing), 1.0,
+                        Stats())]
+    minibatch_updates(data, len(rows), MicroBatchBudget(len(rows), shared_prefix=True), 1,
+                      torch.Generator().manual_seed(0), steps)
+    model.zero_grad(set_to_none=True)
+    assert actor_sharing.taken() == critic_sharing.taken() == (sum(map(len, rows)), 2 * 60 + 45)
+
+
+def test_a_lora_runs_reference_shares_with_its_actors_sharing(river_tiny):
+    """A LoRA run's reference is the actor's body with the adapters off: one body, one Sharing (its counts and
+    its probe), and no sharing without optim.shared_prefix."""
+    from horizonrl.assembly.context import network_sharing
+    from horizonrl.config import TrainConfig
+    from horizonrl.learner.distributed import LOCAL
+    from horizonrl.learner.lora import AdaptersOff
+
+    _, model = river_tiny
+    sharing = network_sharing(TrainConfig(optim={"shared_prefix": True}), model, None, AdaptersOff(model), LOCAL)
+    assert sharing.actor is not None and sharing.reference is sharing.actor and sharing.critic is None
+    assert sharing.bodies() == [sharing.actor]
+    assert network_sharing(TrainConfig(), model, None, AdaptersOff(model), LOCAL).bodies() == []

@@ -83,7 +83,7 @@ def test_scoring_that_shares_prefixes_stays_within_the_token_budget(policy):
     530 budget, one micro-batch computed 548 before the packer planned its grouping)."""
     from horizonrl.learner import scoring
     from horizonrl.learner.lora import lm_body
-    from horizonrl.learner.shared_prefix import share_prefixes, stop_sharing
+    from horizonrl.learner.shared_prefix import NetworkSharing, prefix_sharing
 
     tokens = rows_the_estimate_packs_over_the_budget(VOCAB)
     data = Rows(torch.tensor(tokens), torch.ones(3, 200, dtype=torch.long), torch.ones(3, 200, dtype=torch.long))
@@ -99,15 +99,16 @@ def test_scoring_that_shares_prefixes_stays_within_the_token_budget(policy):
         slots.append(0)
         return real(*args, **kwargs)
 
-    share_prefixes(body, 32).probe_gap = 0.0      # the start-up probe's extra plain pass: test_shared_prefix.py
+    sharing = prefix_sharing(body, 32)
+    sharing.probe_gap = 0.0      # the start-up probe's extra plain pass: test_shared_prefix.py
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(scoring, "token_logprobs", counted)
             slots.clear()
-            actual = score(data, MicroBatchBudget(1, 530, shared_prefix=True), actor=policy).logp_old
+            actual = score(data, MicroBatchBudget(1, 530, shared_prefix=True), actor=policy,
+                           sharing=NetworkSharing(actor=sharing)).logp_old
     finally:
         hook.remove()
-        stop_sharing(body)
     assert slots and max(slots) <= 530, slots
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
 
@@ -214,10 +215,10 @@ def out_of_memory_above(tokens: int, error=CUDA_OUT_OF_MEMORY):
     """Fault injection: a loss function that runs out of memory on micro-batches of more than `tokens`
     (rows x width) tokens."""
     def wrap(loss_fn):
-        def flaky(mb, num_tokens, num_seqs):
+        def flaky(mb, num_tokens, num_seqs, micro_batch=None):
             if mb.input_ids.numel() > tokens:
                 raise error
-            return loss_fn(mb, num_tokens, num_seqs)
+            return loss_fn(mb, num_tokens, num_seqs, micro_batch)
         return flaky
     return wrap
 

@@ -19,6 +19,7 @@ import torch
 
 from horizonrl.config import MicroBatchBudget, TrainConfig
 from horizonrl.learner.models import load_policy
+from horizonrl.learner.shared_prefix import UNSHARED
 from horizonrl.learner.scoring import score
 from horizonrl.learner.update import Stats, UpdateStep, actor_loss_fn, minibatch_updates
 from horizonrl.records import Episode, Turn
@@ -147,7 +148,7 @@ def test_a_network_scores_the_rows_only_when_a_term_reads_them(tiny, tmp_path, c
     cfg = TrainConfig(**config)
     ctx = SimpleNamespace(cfg=cfg, actor=actor, reference=reference, pad_id=0, device=torch.device("cpu"),
                           tokenizer=tokenizer, run_dir=tmp_path, ranks=phases.LOCAL, engine=UNSYNCED,
-                          micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size))
+                          micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size), sharing=UNSHARED)
     batch = phases.score(ctx, episodes(ROWS), critic=None)
     assert passes == {"actor": actor_passes, "reference": reference_passes}
     scored = (batch.rows.logp_old is not None, batch.rows.logp_ref is not None)
@@ -159,6 +160,6 @@ def test_the_critic_warmup_batches_are_scored_by_no_policy_without_a_kl_in_the_r
     cfg = TrainConfig(**with_(PPO, optim__epochs=2))
     ctx = SimpleNamespace(cfg=cfg, actor=policy, reference=policy, pad_id=0, device=torch.device("cpu"),
                           tokenizer=tokenizer, run_dir=tmp_path, ranks=phases.LOCAL, engine=UNSYNCED,
-                          micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size))
+                          micro_batch_budget=MicroBatchBudget(cfg.optim.micro_batch_size), sharing=UNSHARED)
     batch = phases.score(ctx, episodes(ROWS), critic=None, updates_actor=False)
     assert batch.rows.logp_old is None and batch.rows.logp_ref is None

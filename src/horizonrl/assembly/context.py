@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -39,7 +39,7 @@ from horizonrl.learner.device import autocast_dtype, resolve_device
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.lora import AdaptersOff, add_adapters, lm_body, merged_parameters
 from horizonrl.learner.models import ValueModel, engine_copy, frozen_copy, load_policy, pad_token_id
-from horizonrl.learner.shared_prefix import Sharing, share_prefixes
+from horizonrl.learner.shared_prefix import UNSHARED, NetworkSharing, prefix_sharing
 from horizonrl.learner.sharded_start import sharded_networks
 from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
 from horizonrl.plan import GIB, auto_token_budget
@@ -66,7 +66,7 @@ class RunContext:
     `ranks`: this process among the run's processes (torchrun); `metrics` is None except on rank 0.
     `micro_batch_budget`: what one forward/backward pass of the learner may hold (`micro_batch_budget`).
     `splits_explained`: the run was told why its merged rows split (train/phases.py explain_splits).
-    `sharing`: with optim.shared_prefix, each network body's prefix sharing and its counts.
+    `sharing`: with optim.shared_prefix, each network's prefix sharing and its counts (`network_sharing`).
     `sync_check`: the served-policy check after each weight sync (assembly/sync_check.py)."""
 
     cfg: TrainConfig
@@ -89,7 +89,7 @@ class RunContext:
     critic_loss: LossFn | None = None
     ranks: Ranks = LOCAL
     splits_explained: bool = False
-    sharing: list[Sharing] = field(default_factory=list)
+    sharing: NetworkSharing = UNSHARED
 
     @property
     def progress(self) -> Progress:
@@ -109,7 +109,7 @@ class RunContext:
         cfg = self.cfg
         return actor_loss_fn(self.actor, cfg.actor.clip_low, cfg.actor.clip_high, cfg.actor.dual_clip,
                              self.entropy_coef(iteration), cfg.actor.loss_agg, cfg.rollout.temperature,
-                             cfg.actor.kl_loss_coef, cfg.actor.tis_cap, cfg.actor.tis_mode)
+                             cfg.actor.kl_loss_coef, cfg.actor.tis_cap, cfg.actor.tis_mode, self.sharing.actor)
 
 
 def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: ResumePoint | None,
@@ -143,16 +143,14 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         if cfg.rollout.async_training.max_staleness:   # an hf engine samples from a copy of its own
             collector = Producer(collector, cfg.rollout.async_training.max_staleness,
                                  lambda: engine.weights_version, lambda: engine.in_flight_at_sync)
-    sharing = [share_prefixes(network.backbone if isinstance(network, ValueModel) else lm_body(network), ranks=ranks)
-               for network in (actor, critic, reference)
-               if cfg.optim.shared_prefix and network is not None and not isinstance(network, AdaptersOff)]
+    sharing = network_sharing(cfg, actor, critic, reference, ranks)
     critic_opt = critic_loss = None
     actor_opt = adamw(trainable(actor), cfg.actor.lr, cfg.optim.weight_decay)
     if critic is not None:
         critic_opt = adamw(trainable(critic), cfg.critic.lr, cfg.optim.weight_decay)
-        critic_loss = critic_loss_fn(critic, cfg.critic.value_clip, cfg.critic.first_token_weight)
+        critic_loss = critic_loss_fn(critic, cfg.critic.value_clip, cfg.critic.first_token_weight, sharing.critic)
     shuffle = torch.Generator().manual_seed(cfg.seed)
-    sync_check = SyncCheck(served_by(cfg), **cfg.rollout.sync_check.model_dump(), ranks=ranks)
+    sync_check = SyncCheck(served_by(cfg), **cfg.rollout.sync_check.model_dump(), ranks=ranks, sharing=sharing.actor)
     state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, sync_check, critic, critic_opt,
                           ranks)
     if resume is not None:
@@ -164,9 +162,22 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         if ranks.is_main else None
     return RunContext(cfg, run_dir, device, tokenizer, actor, reference, actor_opt, engine, sync_check, collector,
                       metrics, Checkpointer(run_dir, state, cfg, signals), shuffle,
-                      micro_batch_budget(cfg, device, ranks.world_size, sharing[0].window if sharing else None),
+                      micro_batch_budget(cfg, device, ranks.world_size, sharing.actor and sharing.actor.window),
                       first_iteration,
                       critic, critic_opt, critic_loss, ranks, sharing=sharing)
+
+
+def network_sharing(cfg: TrainConfig, actor, critic: ValueModel | None, reference, ranks: Ranks) -> NetworkSharing:
+    """With optim.shared_prefix, the prefix sharing of each network's body (a LoRA reference is its actor's body with
+    the adapters off, so shares the actor's Sharing); without it, none."""
+    if not cfg.optim.shared_prefix:
+        return NetworkSharing()
+    actor_sharing = prefix_sharing(lm_body(actor), ranks=ranks)
+    critic_sharing = None if critic is None else prefix_sharing(critic.backbone, ranks=ranks)
+    if isinstance(reference, AdaptersOff):
+        return NetworkSharing(actor_sharing, actor_sharing, critic_sharing)
+    reference_sharing = None if reference is None else prefix_sharing(lm_body(reference), ranks=ranks)
+    return NetworkSharing(actor_sharing, reference_sharing, critic_sharing)
 
 
 def micro_batch_budget(cfg: TrainConfig, device: torch.device, gpus: int, window: int | None = None

@@ -35,6 +35,7 @@ from horizonrl.config import TrainConfig
 from horizonrl.engines.base import ScoredRow, TrainingEngine
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.scoring import token_logprobs
+from horizonrl.learner.shared_prefix import Sharing
 from horizonrl.records import Episode
 from horizonrl.samples.tensors import pad
 
@@ -50,12 +51,13 @@ def served_by(cfg: TrainConfig) -> str:
 
 class SyncCheck:
     """The check of the module docstring. `start` before the first update (it keeps the probe rows and measures
-    the floor, once); `after_sync` after every weight sync. `max_growth` None: no check (both do nothing)."""
+    the floor, once); `after_sync` after every weight sync. `max_growth` None: no check (both do nothing).
+    `sharing`: the actor's prefix sharing, which its scores of the probe rows use."""
 
     def __init__(self, engine_name: str, max_growth: float | None, min_gap: float, probe_rows: int,
-                 ranks: Ranks = LOCAL):
+                 ranks: Ranks = LOCAL, sharing: Sharing | None = None):
         self.engine_name, self.max_growth, self.min_gap, self.probe_rows = engine_name, max_growth, min_gap, probe_rows
-        self.ranks = ranks
+        self.ranks, self.sharing = ranks, sharing
         self.rows: list[ScoredRow] | None = None
         self.floor: float | None = None
         self.learner_scores: list[list[float]] = []   # the learner's scores of the rows at the last probe
@@ -104,16 +106,16 @@ class SyncCheck:
     def _gap(self, engine: TrainingEngine, actor) -> float:
         """The largest rank's mean |engine - learner| over the probe rows' response tokens; keeps the learner's
         scores."""
-        self.learner_scores = learner_scores(actor, self.rows)
+        self.learner_scores = learner_scores(actor, self.rows, self.sharing)
         return self._largest(mean_abs_diff(engine.score(self.rows) if self.rows else [], self.learner_scores))
 
     def _largest(self, value: float) -> float:
         return max(self.ranks.gather(value))
 
 
-def learner_scores(actor, rows: list[ScoredRow]) -> list[list[float]]:
-    """The learner's log-prob of each response token of each row at temperature 1 (one forward; on every rank,
-    as a sharded actor needs, rows or none)."""
+def learner_scores(actor, rows: list[ScoredRow], sharing: Sharing | None = None) -> list[list[float]]:
+    """The learner's log-prob of each response token of each row at temperature 1 (one forward, sharing prefixes
+    with the actor's `sharing`; on every rank, as a sharded actor needs, rows or none)."""
     device = next(actor.parameters()).device
     sequences = [row.prompt_ids + row.response_ids for row in rows] or [[0]]
     scored = [[0] * len(row.prompt_ids) + [1] * len(row.response_ids) for row in rows] or [[0]]
@@ -121,7 +123,7 @@ def learner_scores(actor, rows: list[ScoredRow]) -> list[list[float]]:
     loss_mask = pad(scored, 0, torch.long, device)
     with torch.no_grad():
         logp, _ = token_logprobs(actor, input_ids, pad([[1] * len(s) for s in sequences], 0, torch.long, device),
-                                 loss_mask, temperature=1.0)
+                                 loss_mask, temperature=1.0, sharing=sharing)
     return [logp[i][loss_mask[i].bool()].tolist() for i in range(len(rows))]
 
 

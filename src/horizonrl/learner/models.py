@@ -14,7 +14,7 @@ from horizonrl.config import ConfigError
 from horizonrl.engines.hf import copy_weights
 from horizonrl.learner.gguf import PACKAGED_GGUF, gguf_folder, packaged_gguf
 from horizonrl.learner.lora import merged_parameters
-from horizonrl.learner.shared_prefix import body_hidden
+from horizonrl.learner.shared_prefix import Plan, Sharing, body_hidden
 
 
 BUILTIN = "builtin:"
@@ -162,6 +162,9 @@ class ValueModel(nn.Module):
         """A critic initialised from a copy of the policy's backbone; the head starts at V = 0."""
         return cls(copy.deepcopy(policy.base_model), policy.config.hidden_size).to(policy.device)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = body_hidden(self.backbone, input_ids, attention_mask)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sharing: Sharing | None = None,
+                micro_batch: Plan | None = None) -> torch.Tensor:
+        """The values [B, T]; with `sharing`, the backbone shares the rows' prefixes as the micro-batch's Plan says
+        (learner/shared_prefix.body_hidden)."""
+        hidden = body_hidden(self.backbone, input_ids, attention_mask, sharing, micro_batch)
         return self.value_head(hidden).sum(-1).float()   # [B, T, 1] -> [B, T], a new tensor (not a view)

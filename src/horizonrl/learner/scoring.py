@@ -20,8 +20,8 @@ from horizonrl.learner.chunked_logits import LOGIT_CHUNK_TOKENS, chunked_logp_en
 from horizonrl.learner.device import autocast, autocast_dtype
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.lora import AdaptersOff, adapters_disabled, lm_body
-from horizonrl.learner.shared_prefix import (MIN_SHARED_TOKENS, Plan, body_hidden, in_token_order, plan, planned,
-                                             shared_with_previous)
+from horizonrl.learner.shared_prefix import (MIN_SHARED_TOKENS, UNSHARED, NetworkSharing, Plan, Sharing, body_hidden,
+                                             in_token_order, plan, shared_with_previous)
 from horizonrl.samples.tensors import Rows, pad
 
 
@@ -29,9 +29,11 @@ SHARDED_LOGPROBS = "horizonrl_token_logprobs"   # the FSDP2 forward method of a 
 
 
 def token_logprobs(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
-                   temperature: float = 1.0, chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> tuple[Tensor, Tensor]:
+                   temperature: float = 1.0, chunk_tokens: int = LOGIT_CHUNK_TOKENS, sharing: Sharing | None = None,
+                   micro_batch: Plan | None = None) -> tuple[Tensor, Tensor]:
     """(logp, entropy) of each sampled token under softmax(logits / temperature), the logits of at
-    most `chunk_tokens` positions existing at one time (forward and backward).
+    most `chunk_tokens` positions existing at one time (forward and backward). With `sharing`, the body shares
+    the rows' prefixes as the micro-batch's Plan says (learner/shared_prefix.body_hidden).
 
     Assumes logits = lm_head(last hidden state), true of Llama/Qwen/Mistral-family models. A policy
     sharded with FSDP2 computes this in a registered forward method of its root (see
@@ -40,11 +42,13 @@ def token_logprobs(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask:
     """
     if isinstance(policy, AdaptersOff):
         with adapters_disabled(policy.actor):
-            return token_logprobs(policy.actor, input_ids, attention_mask, loss_mask, temperature, chunk_tokens)
+            return token_logprobs(policy.actor, input_ids, attention_mask, loss_mask, temperature, chunk_tokens,
+                                  sharing, micro_batch)
     sharded = getattr(policy, SHARDED_LOGPROBS, None)
     if sharded is not None:
-        return sharded(input_ids, attention_mask, loss_mask, temperature, chunk_tokens)
-    return _token_logprobs(policy, input_ids, attention_mask, loss_mask, temperature, chunk_tokens)
+        return sharded(input_ids, attention_mask, loss_mask, temperature, chunk_tokens, sharing, micro_batch)
+    return _token_logprobs(policy, input_ids, attention_mask, loss_mask, temperature, chunk_tokens, sharing,
+                           micro_batch)
 
 
 def register_sharded_logprobs(policy) -> None:
@@ -54,29 +58,30 @@ def register_sharded_logprobs(policy) -> None:
 
 
 def _token_logprobs(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, temperature: float,
-                    chunk_tokens: int) -> tuple[Tensor, Tensor]:
-    hidden, targets, predicts = sampled_positions(policy, input_ids, attention_mask, loss_mask)
+                    chunk_tokens: int, sharing: Sharing | None, micro_batch: Plan | None) -> tuple[Tensor, Tensor]:
+    hidden, targets, predicts = sampled_positions(policy, input_ids, attention_mask, loss_mask, sharing, micro_batch)
     lm_head = policy.get_output_embeddings()
     logp, entropy = chunked_logp_entropy(hidden, lm_head.weight, lm_head.bias, targets, temperature, chunk_tokens,
                                          autocast_dtype(input_ids.device))
     return _scatter(logp, predicts), _scatter(entropy, predicts)
 
 
-def sampled_positions(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor
-                      ) -> tuple[Tensor, Tensor, Tensor]:
+def sampled_positions(policy, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor,
+                      sharing: Sharing | None = None, micro_batch: Plan | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(hidden [N, H], targets [N], predicts [B, T-1]): the policy's last hidden states at the N
     positions t-1 that predict sampled tokens t, those tokens' ids, and where the positions are.
     `policy` is a causal LM, plain or PEFT-wrapped (its body runs with the adapters, see lm_body)."""
     with autocast(input_ids.device):
-        hidden = body_hidden(lm_body(policy), input_ids, attention_mask)
+        hidden = body_hidden(lm_body(policy), input_ids, attention_mask, sharing, micro_batch)
     predicts = loss_mask[:, 1:].bool()            # hidden[:, t-1] predicts token t
     return hidden[:, :-1][predicts], input_ids[:, 1:][predicts], predicts
 
 
-def token_values(critic, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor) -> Tensor:
-    """values[:, t] = V(ids[:t]), the value of the state before sampled token t."""
+def token_values(critic, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, sharing: Sharing | None = None,
+                 micro_batch: Plan | None = None) -> Tensor:
+    """values[:, t] = V(ids[:t]), the value of the state before sampled token t (`sharing`: as token_logprobs)."""
     with autocast(input_ids.device):
-        state_values = critic(input_ids, attention_mask)
+        state_values = critic(input_ids, attention_mask, sharing, micro_batch)
     predicts = loss_mask[:, 1:].bool()
     return _scatter(state_values[:, :-1][predicts], predicts)
 
@@ -181,17 +186,19 @@ class Scores(NamedTuple):
 
 @torch.no_grad()
 def score(data: Rows, budget: MicroBatchBudget, temperature: float = 1.0, actor=None, reference=None, critic=None,
-          ranks: Ranks = LOCAL) -> Scores:
+          ranks: Ranks = LOCAL, sharing: NetworkSharing = UNSHARED) -> Scores:
     """The scores of the networks given: logp_old and entropy (actor), logp_ref (reference), values_old (critic),
-    each in the dtype its network gives. Every rank runs as many forward passes as the rank with the most."""
+    each in the dtype its network gives, each network sharing prefixes as `sharing` says. Every rank runs as many
+    forward passes as the rank with the most."""
     out: list[Tensor | None] = [None] * len(Scores._fields)
     for rows, micro_batch in padded_groups(micro_batches(data, range(len(data)), budget), ranks, (None, None)):
         mb = data.select(rows) if rows is not None else data.empty()
         args = (mb.input_ids, mb.attention_mask, mb.loss_mask)
-        with planned(micro_batch):
-            logp, entropy = (None, None) if actor is None else token_logprobs(actor, *args, temperature=temperature)
-            logp_ref = None if reference is None else token_logprobs(reference, *args, temperature=temperature)[0]
-            values = None if critic is None else token_values(critic, *args)
+        logp, entropy = (None, None) if actor is None else \
+            token_logprobs(actor, *args, temperature, sharing=sharing.actor, micro_batch=micro_batch)
+        logp_ref = None if reference is None else \
+            token_logprobs(reference, *args, temperature, sharing=sharing.reference, micro_batch=micro_batch)[0]
+        values = None if critic is None else token_values(critic, *args, sharing.critic, micro_batch)
         if rows is None:                        # an empty micro-batch: its passes only join the other ranks'
             continue
         for k, value in enumerate((logp, entropy, logp_ref, values)):
@@ -204,16 +211,17 @@ def score(data: Rows, budget: MicroBatchBudget, temperature: float = 1.0, actor=
 
 @torch.no_grad()
 def prompt_values(critic, prompts: list[list[int]], pad_id: int, budget: MicroBatchBudget, device,
-                  ranks: Ranks = LOCAL) -> Tensor:
-    """V(prompt) for each prompt: the critic's value at its last token (the bootstrap V(s_{T+1})).
-    Every rank runs as many forward passes as the rank with the most."""
+                  ranks: Ranks = LOCAL, sharing: Sharing | None = None) -> Tensor:
+    """V(prompt) for each prompt: the critic's value at its last token (the bootstrap V(s_{T+1})), the critic
+    sharing prefixes with `sharing`, each micro-batch planned from its rows. Every rank runs as many forward passes
+    as the rank with the most."""
     out = torch.zeros(len(prompts), device=device)
     for group in padded_groups(pack_rows([len(p) for p in prompts], budget), ranks):
         chunk = [prompts[i] for i in group] if group is not None else [[pad_id]]
         input_ids = pad(chunk, pad_id, torch.long, device)
         attention_mask = pad([[1] * len(p) for p in chunk], 0, torch.long, device)
         with autocast(input_ids.device):
-            state_values = critic(input_ids, attention_mask)
+            state_values = critic(input_ids, attention_mask, sharing)
         if group is not None:
             last = attention_mask.sum(dim=1) - 1
             out[group] = state_values[torch.arange(len(chunk), device=device), last]

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from horizonrl.algos.losses import aggregate
 from horizonrl.learner.scoring import token_logprobs
+from horizonrl.learner.shared_prefix import Sharing
 from horizonrl.records import SampleBatch
 from horizonrl.samples.tensors import Rows
 
@@ -22,12 +23,13 @@ log = logging.getLogger(__name__)
 def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batch_size: int, lr: float,
                         seed: int = 0, grad_clip: float = 1.0, check: Callable[[], None] = lambda: None,
                         lr_decay: Literal["constant", "cosine"] = "constant", progress: bool = False,
-                        desc: str = "sft") -> list[float]:
+                        desc: str = "sft", sharing: Sharing | None = None) -> list[float]:
     """AdamW on  -sum(mask * log p(token)) / sum(mask)  over random mini-batches of the rows whose mask is not
     all zero, at the learning rate lr x sft_lr_factor(lr_decay, ...), `check()` before every step (it may raise
     to stop: the model is then left as the steps so far made it). The loss and the time so far are logged every
     tenth of the steps and at the last: a real model's warm start takes minutes. With `progress`, a tqdm bar
-    named `desc` on stderr counts the optimizer steps (with its ETA) and shows the last step's loss.
+    named `desc` on stderr counts the optimizer steps (with its ETA) and shows the last step's loss. The forward
+    shares the rows' prefixes with `sharing` (learner/shared_prefix.py).
 
     Returns the loss of every step. A batch with no such rows is a ValueError (there is nothing to learn from).
     """
@@ -49,7 +51,7 @@ def supervised_finetune(model, batch: SampleBatch, pad_id: int, steps: int, batc
             rows = [learnable[i] for i in torch.randint(n_rows, (min(batch_size, n_rows),),
                                                         generator=generator).tolist()]
             mb = data.select(rows)
-            logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask)
+            logp, _ = token_logprobs(model, mb.input_ids, mb.attention_mask, mb.loss_mask, sharing=sharing)
             loss = -aggregate(logp, mb.loss_mask, "token-mean")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

@@ -24,9 +24,6 @@ shortest row's end, so that every row keeps a suffix.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -222,36 +219,22 @@ def two_passes(lengths: list[int], groups: list[tuple[list[int], int]], window: 
     return [(group, shortest) for group, _ in every]
 
 
-SETTING = "horizonrl_shared_prefix"   # the attribute of a body that shares prefixes: its Sharing
-PLANNED: ContextVar[Plan | None] = ContextVar("horizonrl_planned_micro_batch", default=None)
 PROBE_TOLERANCE, PROBE_TOLERANCE_AUTOCAST = 1e-3, 5e-2      # the start-up probe's largest relative difference
 
 
-@contextmanager
-def planned(micro_batch: Plan | None) -> Iterator[None]:
-    """`body_hidden` of the bodies that share runs the micro-batch's rows as `micro_batch` says (the packer's
-    Plan, made once from the rows' host copy: learner/scoring.micro_batches), not grouping them again."""
-    token = PLANNED.set(micro_batch)
-    try:
-        yield
-    finally:
-        PLANNED.reset(token)
-
-
-@dataclass
 class Sharing:
-    """A body's prefix sharing: the least prefix it shares, the keyword its forward takes a KV cache by
-    (engines.hf.cache_keyword), its attention window (`attention_window`), the ranks that must run as many
-    passes, and the row tokens its passes have attended (`tokens`) and of them those a shared prefix's single
-    pass stood for (`skipped`), since `taken`. `probe_gap`: the start-up probe's difference (None until it ran)."""
+    """A body's prefix sharing, the argument of `body_hidden` that makes it share: the least prefix it shares, the
+    keyword its forward takes a KV cache by (engines.hf.cache_keyword), its attention window (`attention_window`),
+    the ranks that must run as many passes, and the row tokens its passes have attended (`tokens`) and of them those
+    a shared prefix's single pass stood for (`skipped`), since `taken`. `probe_gap`: the start-up probe's difference
+    (None until it ran); `on`: False once the probe stopped the sharing. A plain class, not a dataclass: FSDP2's cast
+    of a forward's inputs copies dataclasses, and the counts must stay this object's."""
 
-    min_shared: int
-    cache_keyword: str
-    window: int | None = None
-    ranks: Ranks = LOCAL
-    tokens: int = 0
-    skipped: int = 0
-    probe_gap: float | None = None
+    def __init__(self, min_shared: int, cache_keyword: str, window: int | None = None, ranks: Ranks = LOCAL):
+        self.min_shared, self.cache_keyword, self.window, self.ranks = min_shared, cache_keyword, window, ranks
+        self.tokens = self.skipped = 0
+        self.probe_gap: float | None = None
+        self.on = True
 
     def taken(self) -> tuple[int, int]:
         """(tokens, skipped) so far, and the counts start again."""
@@ -259,28 +242,39 @@ class Sharing:
         return counts
 
 
-def share_prefixes(body, min_shared: int = MIN_SHARED_TOKENS, ranks: Ranks = LOCAL) -> Sharing:
-    """Make `body_hidden` of `body` share prefixes of at least `min_shared` tokens; its counts. ConfigError for an
-    attention layout `attention_window` does not know."""
-    setattr(body, SETTING, Sharing(min_shared, cache_keyword(body), attention_window(body.config), ranks))
-    return getattr(body, SETTING)
+def prefix_sharing(body, min_shared: int = MIN_SHARED_TOKENS, ranks: Ranks = LOCAL) -> Sharing:
+    """The Sharing with which `body_hidden` of `body` shares prefixes of at least `min_shared` tokens. ConfigError
+    for an attention layout `attention_window` does not know."""
+    return Sharing(min_shared, cache_keyword(body), attention_window(body.config), ranks)
 
 
-def stop_sharing(body) -> None:
-    """Make `body_hidden` of `body` the plain forward again (undoes share_prefixes)."""
-    vars(body).pop(SETTING, None)
+@dataclass(frozen=True)
+class NetworkSharing:
+    """The prefix sharing of a run's networks, the Sharing each one's forward takes (None: every row in full). A LoRA
+    run's reference is its actor with the adapters off: one body, one Sharing."""
+
+    actor: Sharing | None = None
+    reference: Sharing | None = None
+    critic: Sharing | None = None
+
+    def bodies(self) -> list[Sharing]:
+        """Each body's Sharing once."""
+        return list({id(s): s for s in (self.actor, self.critic, self.reference) if s is not None}.values())
 
 
-def body_hidden(body, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+UNSHARED = NetworkSharing()   # every network computes every row in full
+
+
+def body_hidden(body, input_ids: Tensor, attention_mask: Tensor, sharing: Sharing | None = None,
+                micro_batch: Plan | None = None) -> Tensor:
     """body(input_ids, attention_mask).last_hidden_state [B, T, H] (`body`: a transformers base model, e.g.
-    LlamaModel); where `share_prefixes` made it share, the micro-batch runs as its Plan says (the one `planned`
-    gave, else `plan` of its rows): one plain pass when no rank's plan shares (every rank agrees, so that an FSDP2
-    job's ranks run as many passes), else two (`grouped_hidden`), a rank with nothing to share running its rows
-    alone. The first two-pass forward of each body is checked against the plain one (`probed`)."""
-    sharing: Sharing | None = getattr(body, SETTING, None)
-    if sharing is None:
+    LlamaModel); with a `sharing` that is on, the micro-batch runs as its Plan says (`micro_batch`: the packer's,
+    made once from the rows' host copy, learner/scoring.micro_batches; None or planned for other sharing: `plan` of
+    its rows): one plain pass when no rank's plan shares (every rank agrees, so that an FSDP2 job's ranks run as
+    many passes), else two (`grouped_hidden`), a rank with nothing to share running its rows alone. The first
+    two-pass forward of each body is checked against the plain one (`probed`)."""
+    if sharing is None or not sharing.on:
         return plain_hidden(body, input_ids, attention_mask)
-    micro_batch = PLANNED.get()
     if micro_batch is None or (micro_batch.min_shared, micro_batch.window) != (sharing.min_shared, sharing.window) \
             or len(micro_batch.lengths) != input_ids.shape[0]:
         micro_batch = plan(row_tokens(input_ids, attention_mask), sharing.min_shared, sharing.window)
@@ -321,7 +315,7 @@ def probed(body, sharing: Sharing, input_ids: Tensor, attention_mask: Tensor, hi
                 "forward by %.3g (largest relative difference of a token's hidden state; tolerance %g) on its first "
                 "shared micro-batch: this body computes every row in full from here on", type(body).__name__,
                 sharing.window, sharing.probe_gap, tolerance)
-    stop_sharing(body)
+    sharing.on = False
     return plain_hidden(body, input_ids, attention_mask)
 
 

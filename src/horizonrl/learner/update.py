@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -30,12 +31,20 @@ from horizonrl.algos.losses import (aggregate, approx_kl, first_token_weights, p
 from horizonrl.config import MicroBatchBudget
 from horizonrl.learner.distributed import LOCAL, Ranks, clip_grad_norm
 from horizonrl.learner.scoring import micro_batches, padded_groups, token_logprobs, token_values
-from horizonrl.learner.shared_prefix import Plan, planned
+from horizonrl.learner.shared_prefix import Plan, Sharing
 from horizonrl.samples.tensors import Rows
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[Rows, float, float], tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]]
+
+
+class LossFn(Protocol):
+    """A network's loss on a micro-batch `mb` of its mini-batch (normalised by the mini-batch's `num_tokens` and
+    `num_seqs`), its forward run as the micro-batch's Plan says (`micro_batch`; None: planned from its rows), and
+    its statistics as (sum, count) pairs on the device (`token_total`)."""
+
+    def __call__(self, mb: Rows, num_tokens: float, num_seqs: float, micro_batch: Plan | None = None
+                 ) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]: ...
 
 
 class Stats:
@@ -87,8 +96,7 @@ def accumulate_gradients(optimizer, batches: Iterable[tuple[Rows | None, Plan | 
     losses, parts_of = [], defaultdict(list)
     for mb, micro_batch in batches:
         empty = mb is None
-        with planned(micro_batch):
-            loss, parts = loss_fn(data.empty() if empty else mb, num_tokens, num_seqs)
+        loss, parts = loss_fn(data.empty() if empty else mb, num_tokens, num_seqs, micro_batch)
         if empty:
             loss = loss * 0.0
         loss.backward()
@@ -172,11 +180,13 @@ def token_total(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return (x * mask).sum(), mask.sum()
 
 
-def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) -> LossFn:
-    """Clipped value loss, token-mean over the mini-batch, first token of each turn weighted."""
-    def loss_fn(mb, num_tokens, num_seqs):
+def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float, sharing: Sharing | None = None
+                   ) -> LossFn:
+    """Clipped value loss, token-mean over the mini-batch, first token of each turn weighted; the critic's forward
+    shares prefixes with `sharing`."""
+    def loss_fn(mb, num_tokens, num_seqs, micro_batch=None):
         mask = mb.loss_mask
-        values = token_values(critic, mb.input_ids, mb.attention_mask, mask)
+        values = token_values(critic, mb.input_ids, mb.attention_mask, mask, sharing, micro_batch)
         per_token, clipped = value_loss(values, mb.values_old, mb.returns, value_clip)
         weights = first_token_weights(mask, first_token_weight)
         loss = aggregate(per_token * weights, mask, "token-mean", num_tokens=num_tokens)
@@ -190,10 +200,10 @@ def critic_loss_fn(critic, value_clip: float | None, first_token_weight: float) 
 
 def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | None, entropy_coef: float,
                   loss_agg: str, temperature: float, kl_loss_coef: float = 0.0, tis_cap: float | None = None,
-                  tis_mode: str = "truncate") -> LossFn:
+                  tis_mode: str = "truncate", sharing: Sharing | None = None) -> LossFn:
     """PPO clipped surrogate (each token's term weighted by `tis_weights` when `tis_cap` is set, `tis_mode`)
     - entropy_coef * entropy + kl_loss_coef * k3 KL(pi || pi_ref) (GRPO's beta term, differentiated
-    through pi), each aggregated by `loss_agg`.
+    through pi), each aggregated by `loss_agg`; the actor's forward shares prefixes with `sharing`.
 
     logp_old: the micro-batch's scored log-probs, or, when it has none (phases.needed_scores did not score the
     actor), this forward's own, detached. That is exact only in an update of one optimizer step
@@ -207,9 +217,10 @@ def actor_loss_fn(actor, clip_low: float, clip_high: float, dual_clip: float | N
     `sampled_by_current`, the share of tokens the weights being trained sampled and their own gap,
     `rollout/logprob_abs_diff_current` (float rounding only, where the engine holds those weights; the
     served-policy check, assembly/sync_check.py, scores probe rows of its own instead, at every staleness)."""
-    def loss_fn(mb, num_tokens, num_seqs):
+    def loss_fn(mb, num_tokens, num_seqs, micro_batch=None):
         mask = mb.loss_mask
-        logp, entropy = token_logprobs(actor, mb.input_ids, mb.attention_mask, mask, temperature)
+        logp, entropy = token_logprobs(actor, mb.input_ids, mb.attention_mask, mask, temperature, sharing=sharing,
+                                       micro_batch=micro_batch)
         logp_old = logp.detach() if mb.logp_old is None else mb.logp_old
         pg, clipped = ppo_policy_loss(logp, logp_old, mb.advantages, clip_low, clip_high, dual_clip)
         if tis_cap is not None:

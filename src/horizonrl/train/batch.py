@@ -23,6 +23,7 @@ from horizonrl.algos.losses import explained_variance
 from horizonrl.config import MergeConfig, MicroBatchBudget
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.scoring import prompt_values, score
+from horizonrl.learner.shared_prefix import UNSHARED, NetworkSharing
 from horizonrl.records import Episode, SampleBatch
 from horizonrl.rollout.failures import raise_if_none_succeeded
 from horizonrl.samples.merge import MergeReport, merge_turns, write_mismatches
@@ -70,15 +71,16 @@ def prepare(episodes: list[Episode], pad_id: int, device, merge: MergeConfig | N
 
 
 def score_batch(batch: PPOBatch, pad_id: int, budget: MicroBatchBudget, temperature: float = 1.0, actor=None,
-                reference=None, critic=None, ranks: Ranks = LOCAL) -> None:
+                reference=None, critic=None, ranks: Ranks = LOCAL, sharing: NetworkSharing = UNSHARED) -> None:
     """Score the rows with the networks given (learner.scoring.score; a network given again replaces its
-    scores) and, with a critic, the bootstrap prompts. Across ranks, each scores its own rows (in as many
-    forward passes as the others)."""
-    scores = score(batch.rows, budget, temperature, actor=actor, reference=reference, critic=critic, ranks=ranks)
+    scores, each sharing prefixes as `sharing` says) and, with a critic, the bootstrap prompts. Across ranks, each
+    scores its own rows (in as many forward passes as the others)."""
+    scores = score(batch.rows, budget, temperature, actor=actor, reference=reference, critic=critic, ranks=ranks,
+                   sharing=sharing)
     batch.rows = dataclasses.replace(batch.rows, **scores.given())
     if critic is not None:
         batch.bootstrap_values = prompt_values(critic, batch.samples.bootstrap_prompts, pad_id, budget,
-                                               batch.rows.input_ids.device, ranks)
+                                               batch.rows.input_ids.device, ranks, sharing.critic)
 
 
 def kept_episodes(episodes: list[Episode], ranks: Ranks = LOCAL) -> list[Episode]:

@@ -37,7 +37,7 @@ def score(ctx: RunContext, episodes: list[Episode], critic, updates_actor: bool 
     old, ref = needed_scores(cfg, n_rows, ctx.ranks)
     score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, cfg.rollout.temperature,
                 actor=ctx.actor if old else None, reference=ctx.reference if ref else None, critic=critic,
-                ranks=ctx.ranks)
+                ranks=ctx.ranks, sharing=ctx.sharing)
     return batch
 
 
@@ -97,8 +97,8 @@ def iteration_record(ctx: RunContext, i: int, phase: str, episodes: list[Episode
               **timings}
     if producer is not None:
         record.update(producer.metrics(ctx.ranks))
-    if ctx.sharing:                 # optim.shared_prefix: the learner's row tokens a shared prefix's pass stood for
-        tokens, skipped = ctx.ranks.sum([sum(counts) for counts in zip(*(s.taken() for s in ctx.sharing))])
+    if ctx.sharing.bodies():        # optim.shared_prefix: the learner's row tokens a shared prefix's pass stood for
+        tokens, skipped = ctx.ranks.sum([sum(counts) for counts in zip(*(s.taken() for s in ctx.sharing.bodies()))])
         record["perf/shared_prefix_share"] = skipped / max(tokens, 1)
     explain_splits(ctx, record)
     return Iteration(record, batch)

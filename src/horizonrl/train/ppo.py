@@ -130,13 +130,14 @@ def critic_warmup(ctx: RunContext, batches: list[PPOBatch], fitted: Callable[[],
     for _ in range(cfg.critic.warmup_iters):
         for batch in batches:
             ctx.checkpointer.signals.check()
-            score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
+            score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks,
+                        sharing=ctx.sharing)
             estimate_advantages(batch, cfg.ppo, ctx.ranks)
             minibatch_updates(batch.rows, optim.mini_batch_size, ctx.micro_batch_budget, 1, ctx.shuffle,
                               [UpdateStep(ctx.critic_opt, ctx.critic_loss, optim.grad_clip, stats)], ctx.ranks)
             fitted()
     for batch in batches:
-        score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks)
+        score_batch(batch, ctx.pad_id, ctx.micro_batch_budget, critic=ctx.critic, ranks=ctx.ranks, sharing=ctx.sharing)
         estimate_advantages(batch, cfg.ppo, ctx.ranks)
     metrics = stats.means("train/critic/")
     values, returns = (sampled_tokens(batches, key) for key in ("values_old", "returns"))

@@ -26,7 +26,7 @@ from horizonrl.learner.device import precision, resolve_device
 from horizonrl.learner.lora import lm_body
 from horizonrl.learner.models import pad_token_id
 from horizonrl.learner.sft import supervised_finetune
-from horizonrl.learner.shared_prefix import share_prefixes
+from horizonrl.learner.shared_prefix import prefix_sharing
 from horizonrl.report.metrics import episode_metrics
 from horizonrl.report.sinks import MetricsSinks, check_sinks
 from horizonrl.rollout.failures import raise_if_none_succeeded
@@ -59,10 +59,10 @@ def sft(cfg: TrainConfig, progress: bool = True) -> Path:
         log.info("%d expert episodes, %d turns (%d of them random deviations, not learned from), success rate "
                  "%.3f", len(demos), demo_metrics["env/turns"], demo_metrics["sft/deviations"],
                  demo_metrics["env/success_rate"])
-        sharing = share_prefixes(lm_body(policy)) if cfg.optim.shared_prefix else None
+        sharing = prefix_sharing(lm_body(policy)) if cfg.optim.shared_prefix else None
         losses = supervised_finetune(policy, demonstration_rows(demos), pad_token_id(tokenizer), cfg.sft.steps,
                                      cfg.sft.batch_size, cfg.sft.lr, seed=cfg.seed,
-                                     lr_decay=cfg.sft.lr_decay, progress=progress, desc=cfg.name)
+                                     lr_decay=cfg.sft.lr_decay, progress=progress, desc=cfg.name, sharing=sharing)
     shared = {}
     if sharing is not None:
         tokens, skipped = sharing.taken()
