@@ -1,4 +1,4 @@
-"""The optional packages some built-in envs need (pyproject's extras `envs`, `textworld`, `gem` and `alfworld`):
+"""The optional packages some built-in envs need (pyproject's extras `envs`, `textworld`, `gem`, `games`, `alfworld`):
 tests skip an env only when a package it needs is not installed; every other error building or running it fails
 them."""
 
@@ -6,8 +6,8 @@ import importlib.util
 
 import pytest
 
-OPTIONAL = {"crafter": ("crafter",), "textworld": ("textworld",), "gem": ("gem",),   # env family -> modules
-            "alfworld": ("alfworld", "fast_downward")}
+OPTIONAL = {"crafter": ("crafter",), "textworld": ("textworld",), "gem": ("gem",), "openspiel": ("pyspiel",),
+            "alfworld": ("alfworld", "fast_downward")}                                       # env family -> modules
 
 
 def skip_unless_installed(env_id: str) -> None:

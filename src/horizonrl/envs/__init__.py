@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from horizonrl.envs import gem_games
+from horizonrl.envs import gem_games, openspiel_games
 from horizonrl.envs.base import Instruction, TextEnv
 
 
@@ -95,6 +95,10 @@ REGISTRY: dict[str, EnvSpec] = {
 }
 REGISTRY.update({f"gem:{game}": EnvSpec("horizonrl.envs.gem_env:GemGame", {"game": game}, f"GEM: {game}", "gem")
                  for game in gem_games.GAMES})
+REGISTRY.update({f"openspiel:{game}": EnvSpec("horizonrl.envs.openspiel_env:OpenSpielEnv", {"game": game},
+                                              f"OpenSpiel: {text.intro.removeprefix('You are playing ')} (opponent= "
+                                              "random, mcts:N or perfect; seat= 0, 1 or alternate)", "games")
+                 for game, text in openspiel_games.TEXTS.items()})
 
 
 def register(env_id: str, factory: str | Callable[..., TextEnv], description: str = "", **kwargs) -> None:
