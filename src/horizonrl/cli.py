@@ -213,6 +213,9 @@ def eval_parser(commands) -> None:
     command.add_argument("--max-steps", type=int, help="turns after which an episode is cut (default: the env's)")
     command.add_argument("--seed", type=int, default=0, help="seeds the sampler of the sampled mode")
     command.add_argument("--mode", choices=["greedy", "sampled", "both"], default="both")
+    command.add_argument("--policy-table", type=Path, metavar="FILE",
+                         help="write the policy over every information state of the run's OpenSpiel poker game as JSON "
+                              "(its exploitability is in the results)")
     command.add_argument("--threads", type=threads, default="auto",
                          help="torch's CPU threads (default auto: the cores but one; on a GPU torch's own)")
     command.add_argument("engine_settings", nargs="*", metavar="key=value",
@@ -228,7 +231,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     use_threads(args.threads, resolve_device("auto").type)
     results, path = evaluate(args.target, args.episodes, args.env_ids, args.max_steps, args.seed,
-                             MODES if args.mode == "both" else (args.mode,), args.engine_settings)
+                             MODES if args.mode == "both" else (args.mode,), args.engine_settings, args.policy_table)
     print(format_table(results))
     print(f"results: {path}")
     return 0

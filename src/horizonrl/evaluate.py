@@ -20,6 +20,10 @@ Episodes: the first N held-out seeds (rollout/seeds.py), the same for every chec
 ends when the env ends it, or after `--max-steps` turns (then it counts as truncated).
 The results go to eval-<checkpoint folder name>.json beside the checkpoint folder (RUN/eval-checkpoint.json,
 RUN/eval-init.json); for a model name, in runs/.
+For an OpenSpiel game whose exploitability is computed exactly (policy_table.py: Kuhn and Leduc poker), the
+results' "games" give the policy's exploitability and the table's coverage, and `policy_table` (`--policy-table
+FILE`) writes the table; with `agent.memory` above 0 the play's prompts hold history the table's do not, and the
+game says so instead of a number.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from horizonrl.envs import check_kwargs
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import precision, resolve_device
 from horizonrl.learner.models import BUILTIN, load_policy, resolve_model_path
+from horizonrl.policy_table import exploitability, policy_table, scored_game
 from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary
 from horizonrl.rollout.episode_groups import play_seeds
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
@@ -78,9 +83,11 @@ def model_to_load(checkpoint: Path, cfg: TrainConfig, run_config: Path | None) -
 
 
 def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None = None, max_steps: int | None = None,
-             seed: int = 0, modes: tuple[str, ...] = MODES, engine_settings: list[str] = ()) -> tuple[dict, Path]:
+             seed: int = 0, modes: tuple[str, ...] = MODES, engine_settings: list[str] = (),
+             table_path: Path | None = None) -> tuple[dict, Path]:
     """Play `episodes` held-out episodes per env and mode; returns the results and the JSON file
-    they were written to. `engine_settings`: key=value overrides of the engine that samples (ENGINE_KEYS)."""
+    they were written to. `engine_settings`: key=value overrides of the engine that samples (ENGINE_KEYS).
+    `table_path`: where the policy table of the one scored game (module docstring) goes."""
     checkpoint, run_config = resolve_target(target)
     for setting in engine_settings:
         if not setting.startswith(ENGINE_KEYS):
@@ -89,6 +96,10 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
         validate(apply_overrides({}, engine_settings))
     model_path = model_to_load(checkpoint, cfg, run_config)
     env_ids = check_evaluable(cfg, run_config, env_ids, max_steps)
+    games = [game for game in map(scored_game, env_ids) if game]
+    if table_path is not None and len(games) != 1:
+        raise ValueError(f"--policy-table writes the table of one game whose exploitability is computed here "
+                         f"(openspiel:kuhn_poker, openspiel:leduc_poker); the envs evaluated hold {len(games)}")
     seeds = held_out_seeds(episodes)
     device = resolve_device(cfg.device)
     tokenizer, model = load_policy(model_path, device)
@@ -114,11 +125,28 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
         for env_id, summary in by_env.items():
             results["modes"][mode]["envs"][env_id] = summary
             log.info("%s %s: %d episodes in %.1f s", mode, env_id, summary["episodes"], summary["seconds"])
+    if games:
+        results["games"] = {game: scored_policy(model, tokenizer, agent, cfg, game, table_path) for game in games}
     results_dir = Path(cfg.output_dir) if is_model_name(target) else checkpoint.parent
     results_dir.mkdir(parents=True, exist_ok=True)
     results_path = results_dir / f"eval-{checkpoint.name}.json"
     results_path.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
     return results, results_path
+
+
+def scored_policy(model, tokenizer, agent, cfg: TrainConfig, game: str, table_path: Path | None) -> dict:
+    """The policy's exploitability in `game` and its table's coverage (policy_table.py); the table written to
+    `table_path`. With agent.memory above 0, why there is no number."""
+    if cfg.agent.memory > 0 or cfg.agent.history == "full":
+        return {"exploitability": None, "why": f"agent.memory is {cfg.agent.memory} (history {cfg.agent.history}): "
+                "a policy table prompts each information state from its observation alone; train with "
+                "agent.memory=0 to score it"}
+    started = time.perf_counter()
+    table, coverage = policy_table(model, tokenizer, agent, game, cfg.rollout.temperature)
+    if table_path is not None:
+        table_path.write_text(json.dumps(table, indent=1) + "\n")
+    return {"exploitability": exploitability(table), "coverage": coverage, "information_states": len(table["policy"]),
+            "temperature": table["temperature"], "seconds": time.perf_counter() - started}
 
 
 def play_envs(cfg: TrainConfig, env_ids: list[str], agent, engine, params: dict[str, SamplingParams],
@@ -163,7 +191,7 @@ def check_evaluable(cfg: TrainConfig, run_config: Path | None, env_ids: list[str
 
 def format_table(results: dict) -> str:
     """One row per mode and env: success rate, mean length, mean return, valid-action ratio, the count
-    of each failure type and of episodes lost to env errors."""
+    of each failure type and of episodes lost to env errors; a line per scored game (its exploitability)."""
     header = ["mode", "env", "episodes", "success", "length", "return", "valid", *FAILURE_TYPES, "errors"]
     rows = [header]
     for mode, by_mode in results["modes"].items():
@@ -176,6 +204,10 @@ def format_table(results: dict) -> str:
     seeds = results["seeds"]
     lines = [f"{results['checkpoint']}: held-out seeds {seeds['first']}..{seeds['last']}"]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    for game, scored in results.get("games", {}).items():
+        lines.append(f"{game}: " + (scored["why"] if scored["exploitability"] is None else
+                     f"exploitability {scored['exploitability']:.4f} (OpenSpiel, {scored['information_states']} "
+                     f"information states; the table covers {scored['coverage']:.3f} of the model's responses)"))
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ PACKAGE = Path(horizonrl.__file__).parent
 LAYERS = [  # lowest first; the data flow README.md describes runs envs -> rollout -> ... -> report
     "errors", "runfolder", "records", "envs", "agents", "tools", "tasks", "algos", "samples", "engines", "config",
     "learner", "plan", "rollout", "runstate",
-    "gateway", "report", "evaluate", "assembly", "train", "play", "cli", "__main__",
+    "gateway", "report", "policy_table", "evaluate", "assembly", "train", "play", "cli", "__main__",
 ]
 
 

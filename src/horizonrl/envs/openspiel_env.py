@@ -113,9 +113,17 @@ class OpenSpielEnv:
         seen = self.state.observation_string(self.seat) if perfect else self.state.information_state_string(self.seat)
         return state_digest(self.game_name, self.seat, seen)
 
+    def stand_at(self, state) -> None:
+        """Put the env at `state` (any state of its game where a player moves), the seat being that player's: how
+        a policy is read at every information state (policy_table.py)."""
+        self.state, self.seat = state, state.current_player()
+
+    def expert_reason(self) -> str:
+        """The expert's reason at the current state: the legal moves it picks from."""
+        return f"legal moves: {', '.join(self.legal_names())}; I pick one"
+
     def expert_action(self) -> tuple[str, str]:
-        """A random legal move (the format-only warm start); the reason lists the legal moves."""
+        """A random legal move (the format-only warm start), with `expert_reason`."""
         if self.state is None:
             raise RuntimeError("call reset(seed) before expert_action")
-        legal = self.legal_names()
-        return self.expert.choice(legal), f"legal moves: {', '.join(legal)}; I pick one"
+        return self.expert.choice(self.legal_names()), self.expert_reason()
