@@ -213,6 +213,8 @@ def eval_parser(commands) -> None:
     command.add_argument("--max-steps", type=int, help="turns after which an episode is cut (default: the env's)")
     command.add_argument("--seed", type=int, default=0, help="seeds the sampler of the sampled mode")
     command.add_argument("--mode", choices=["greedy", "sampled", "both"], default="both")
+    command.add_argument("--opponent", metavar="SPEC",
+                         help="an OpenSpiel game's opponent (random, mcts:N, perfect), each seat played apart")
     command.add_argument("--policy-table", type=Path, metavar="FILE",
                          help="write the policy over every information state of the run's OpenSpiel poker game as JSON "
                               "(its exploitability is in the results)")
@@ -231,7 +233,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
     use_threads(args.threads, resolve_device("auto").type)
     results, path = evaluate(args.target, args.episodes, args.env_ids, args.max_steps, args.seed,
-                             MODES if args.mode == "both" else (args.mode,), args.engine_settings, args.policy_table)
+                             MODES if args.mode == "both" else (args.mode,), args.engine_settings, args.policy_table,
+                             args.opponent)
     print(format_table(results))
     print(f"results: {path}")
     return 0

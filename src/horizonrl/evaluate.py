@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from horizonrl import runfolder
@@ -42,7 +43,7 @@ from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import precision, resolve_device
 from horizonrl.learner.models import BUILTIN, load_policy, resolve_model_path
 from horizonrl.policy_table import exploitability, policy_table, scored_game
-from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary
+from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary, game_outcomes
 from horizonrl.rollout.episode_groups import play_seeds
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.rollout.seeds import HELD_OUT_START, SEED_BLOCK, held_out_seeds, max_training_episodes
@@ -84,10 +85,11 @@ def model_to_load(checkpoint: Path, cfg: TrainConfig, run_config: Path | None) -
 
 def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None = None, max_steps: int | None = None,
              seed: int = 0, modes: tuple[str, ...] = MODES, engine_settings: list[str] = (),
-             table_path: Path | None = None) -> tuple[dict, Path]:
+             table_path: Path | None = None, opponent: str | None = None) -> tuple[dict, Path]:
     """Play `episodes` held-out episodes per env and mode; returns the results and the JSON file
     they were written to. `engine_settings`: key=value overrides of the engine that samples (ENGINE_KEYS).
-    `table_path`: where the policy table of the one scored game (module docstring) goes."""
+    `table_path`: where the policy table of the one scored game (module docstring) goes. `opponent`: an OpenSpiel
+    game's opponent for this evaluation (envs/opponents.py), each seat played apart (`seat_plays`)."""
     checkpoint, run_config = resolve_target(target)
     for setting in engine_settings:
         if not setting.startswith(ENGINE_KEYS):
@@ -96,6 +98,7 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
         validate(apply_overrides({}, engine_settings))
     model_path = model_to_load(checkpoint, cfg, run_config)
     env_ids = check_evaluable(cfg, run_config, env_ids, max_steps)
+    plays = plays_of(cfg, env_ids) if opponent is None else seat_plays(cfg, env_ids, opponent)
     games = [game for game in map(scored_game, env_ids) if game]
     if table_path is not None and len(games) != 1:
         raise ValueError(f"--policy-table writes the table of one game whose exploitability is computed here "
@@ -120,7 +123,7 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
     # built inside the precision block, which fixes its autocast
     with precision(cfg.precision), contextlib.closing(make_engine(model, tokenizer, cfg.rollout, seed,
                                                                 device)) as engine:
-        played = play_envs(cfg, env_ids, agent, engine, params, seeds, max_steps)
+        played = play_envs(cfg, plays, agent, engine, params, seeds, max_steps)
     for mode, by_env in played.items():
         for env_id, summary in by_env.items():
             results["modes"][mode]["envs"][env_id] = summary
@@ -149,21 +152,51 @@ def scored_policy(model, tokenizer, agent, cfg: TrainConfig, game: str, table_pa
             "temperature": table["temperature"], "seconds": time.perf_counter() - started}
 
 
-def play_envs(cfg: TrainConfig, env_ids: list[str], agent, engine, params: dict[str, SamplingParams],
+@dataclass(frozen=True)
+class Play:
+    """The episodes of one env to play: how the results name them, the env id and its kwargs."""
+
+    label: str
+    env_id: str
+    kwargs: dict
+
+
+def plays_of(cfg: TrainConfig, env_ids: list[str]) -> list[Play]:
+    """One play per env id, with the run's env kwargs where it trained on that env."""
+    return [Play(env_id, env_id, cfg.env.kwargs if env_id in cfg.env.ids else {}) for env_id in env_ids]
+
+
+def seat_plays(cfg: TrainConfig, env_ids: list[str], opponent: str) -> list[Play]:
+    """Each OpenSpiel game against `opponent` in each seat apart ("<env id> seat 0", "... seat 1"); ValueError when
+    an env is not such a game or cannot have that opponent."""
+    plays = []
+    for play in plays_of(cfg, env_ids):
+        if not play.env_id.startswith("openspiel:"):
+            raise ValueError(f"--opponent plays OpenSpiel games (openspiel:<game>); {play.env_id} is not one")
+        for seat in (0, 1):
+            kwargs = {**play.kwargs, "opponent": opponent, "seat": seat}
+            check_kwargs(play.env_id, kwargs)
+            plays.append(Play(f"{play.env_id} seat {seat}", play.env_id, kwargs))
+    return plays
+
+
+def play_envs(cfg: TrainConfig, plays: list[Play], agent, engine, params: dict[str, SamplingParams],
               seeds: list[int], max_steps: int | None = None) -> dict[str, dict[str, dict]]:
-    """Each env's episodes on `seeds` under each of `params` (a name -> sampling parameters), `agent` over `engine`:
-    {name: {env id: episode_summary with its "seconds"}}. One pool of envs per env id (the run's env kwargs where
-    it trained on that env), closed after its episodes. `horizonrl eval` plays the held-out seeds with this, and a
-    run's validation (train/validation.py) its validation seeds."""
+    """Each play's episodes on `seeds` under each of `params` (a name -> sampling parameters), `agent` over
+    `engine`: {name: {play label: episode_summary with its "seconds", and a game's "games" (`game_outcomes`)}}.
+    One pool of envs per play, closed after its episodes. `horizonrl eval` plays the held-out seeds with this,
+    and a run's validation (train/validation.py) its validation seeds."""
     played = {name: {} for name in params}
-    for env_id in env_ids:
-        kwargs = cfg.env.kwargs if env_id in cfg.env.ids else {}
-        envs = open_envs(env_id, kwargs, min(len(seeds), cfg.rollout.n_env), cfg.env.workers, cfg.env.timeout_s)
+    for play in plays:
+        envs = open_envs(play.env_id, play.kwargs, min(len(seeds), cfg.rollout.n_env), cfg.env.workers,
+                         cfg.env.timeout_s)
         try:
             for name, sampling in params.items():
                 started = time.perf_counter()
-                summary = episode_summary(play_seeds(envs, env_id, agent, engine, sampling, seeds, max_steps))
-                played[name][env_id] = {**summary, "seconds": time.perf_counter() - started}
+                episodes = play_seeds(envs, play.env_id, agent, engine, sampling, seeds, max_steps)
+                outcomes = game_outcomes(episodes)
+                played[name][play.label] = {**episode_summary(episodes), **({"games": outcomes} if outcomes else {}),
+                                            "seconds": time.perf_counter() - started}
         finally:
             for env in envs:
                 env.close()
@@ -204,6 +237,13 @@ def format_table(results: dict) -> str:
     seeds = results["seeds"]
     lines = [f"{results['checkpoint']}: held-out seeds {seeds['first']}..{seeds['last']}"]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    for mode, by_mode in results["modes"].items():
+        for label, s in by_mode["envs"].items():
+            if "games" in s:
+                g = s["games"]
+                rate, low, high = g["win_rate"]
+                lines.append(f"{mode} {label}: {g['win']} won, {g['draw']} drawn, {g['loss']} lost ({g['illegal']} by "
+                             f"an illegal move) of {g['games']}; win rate {rate:.3f} [{low:.3f}, {high:.3f}]")
     for game, scored in results.get("games", {}).items():
         lines.append(f"{game}: " + (scored["why"] if scored["exploitability"] is None else
                      f"exploitability {scored['exploitability']:.4f} (OpenSpiel, {scored['information_states']} "

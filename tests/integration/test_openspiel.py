@@ -131,3 +131,24 @@ def test_gigpo_trains_an_iteration_against_a_fixed_opponent(tmp_path, env_id):
     (record,) = read_metrics(train(cfg, progress=False) / "metrics.jsonl")
     assert record["env/episodes"] == 8 and record["train/actor/skipped_updates"] == 0
     assert record["env/win"] + record["env/draw"] + record["env/loss"] == pytest.approx(1.0)
+
+
+def test_eval_plays_each_seat_against_the_opponent_asked_and_reports_the_outcomes(tmp_path, capsys):
+    """A format-only warm start against perfect play: no game won, in either seat (perfect play never loses)."""
+    import json
+
+    from horizonrl.cli import main
+    from horizonrl.config import SOURCE_CONFIGS
+
+    assert main(["sft", str(SOURCE_CONFIGS / "tictactoe_tiny_sft.yaml"), "sft.steps=5", "sft.episodes=8",
+                 f"output_dir={tmp_path}", "--quiet"]) == 0
+    (run,) = tmp_path.iterdir()
+    assert main(["eval", str(run), "--episodes", "6", "--mode", "greedy", "--opponent", "perfect"]) == 0
+    assert "openspiel:tic_tac_toe seat 1: 0 won" in capsys.readouterr().out
+    envs_played = json.loads((run / "eval-checkpoint.json").read_text())["modes"]["greedy"]["envs"]
+    assert list(envs_played) == ["openspiel:tic_tac_toe seat 0", "openspiel:tic_tac_toe seat 1"]
+    for summary in envs_played.values():
+        games = summary["games"]
+        assert games["games"] == 6 and games["win"] == 0 and games["draw"] + games["loss"] == 6
+    assert main(["eval", str(run), "--episodes", "2", "--opponent", "mcts:x"]) == 2
+    assert "mcts:N needs a whole number" in capsys.readouterr().err

@@ -63,3 +63,28 @@ def test_summary_counts_failures_and_leaves_errored_episodes_out():
 def test_summary_of_no_finished_episode_has_no_means():
     summary = episode_summary([episode(["a"], error="env crashed")])
     assert summary["episodes"] == 0 and summary["success_rate"] is None and summary["valid_action_ratio"] is None
+
+
+def test_wilson_intervals_are_the_textbook_ones():
+    """45 of 50: [0.7864, 0.9565]; 0 of 20: [0, 0.1611] (z = 1.96, worked by hand from the score formula)."""
+    from horizonrl.report.diagnostics import wilson
+
+    assert wilson(45, 50) == pytest.approx([0.9, 0.7864, 0.9565], abs=1e-4)
+    assert wilson(0, 20) == pytest.approx([0.0, 0.0, 0.1611], abs=1e-4)
+
+
+def test_game_outcomes_count_each_games_end_and_skip_other_envs_and_errors():
+    from horizonrl.report.diagnostics import game_outcomes
+
+    def game(outcome, error=None):
+        e = episode(["board"], end="terminated", error=error)
+        e.turns[-1].info["metrics"] = {name: float(name == outcome) for name in ("win", "draw", "loss", "illegal")}
+        if outcome == "illegal":
+            e.turns[-1].info["metrics"]["loss"] = 1.0
+        return e
+
+    outcomes = game_outcomes([game("win"), game("win"), game("draw"), game("illegal"), game("win", error="boom")])
+    assert {k: outcomes[k] for k in ("games", "win", "draw", "loss", "illegal")} == \
+        {"games": 4, "win": 2, "draw": 1, "loss": 1, "illegal": 1}
+    assert outcomes["win_rate"][0] == 0.5
+    assert game_outcomes([episode(distinct(3))]) is None

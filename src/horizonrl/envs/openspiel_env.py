@@ -27,7 +27,7 @@ import random
 import pyspiel
 
 from horizonrl.envs.base import Instruction, state_digest
-from horizonrl.envs.openspiel_games import TEXTS, GameText
+from horizonrl.envs.openspiel_games import OUTCOMES, TEXTS, GameText
 from horizonrl.envs.opponents import Opponent, make_opponent
 
 class OpenSpielEnv:
@@ -103,8 +103,8 @@ class OpenSpielEnv:
 
     def outcome(self, result: float, illegal: bool = False) -> dict:
         low, high = self.game.min_utility(), self.game.max_utility()
-        metrics = {"win": float(result > 0), "draw": float(result == 0 and not illegal), "loss": float(result < 0),
-                   "illegal": float(illegal)}
+        happened = (result > 0, result == 0 and not illegal, result < 0, illegal)
+        metrics = {name: float(value) for name, value in zip(OUTCOMES, happened, strict=True)}
         return {"success": result > 0, "progress": min(max((result - low) / (high - low), 0.0), 1.0),
                 "metrics": metrics}
 

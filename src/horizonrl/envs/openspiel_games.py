@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+OUTCOMES = ("win", "draw", "loss", "illegal")   # the metrics a game's last step reports, 1 for the one that happened
 KUHN_CARDS = ("Jack", "Queen", "King")
 LEDUC_RANKS = ("Jack", "Queen", "King")        # OpenSpiel's card c has rank c // 2 (two suits)
 LEDUC_MOVES = {0: "folded", 1: "called", 2: "raised"}

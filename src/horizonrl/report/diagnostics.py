@@ -5,8 +5,10 @@ episode failed. Pure functions over finished episodes; `horizonrl eval` reports 
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
+from horizonrl.envs.openspiel_games import OUTCOMES
 from horizonrl.records import Episode
 
 FAILURE_TYPES = ("invalid_output", "loop", "time_out", "other")
@@ -52,6 +54,25 @@ def episode_summary(episodes: list[Episode]) -> dict:
         "failures": {kind: failures[kind] for kind in FAILURE_TYPES},
         "errored_episodes": len(episodes) - len(finished),
     }
+
+
+def game_outcomes(episodes: list[Episode]) -> dict | None:
+    """For a two-player game's episodes (their last turn reports OUTCOMES, envs/openspiel_env.py): how many ended
+    in each outcome, and each outcome's rate with its 95% Wilson interval [rate, low, high]; None for other envs."""
+    ends = [e.turns[-1].info.get("metrics", {}) for e in episodes if e.turns and "error" not in e.metrics]
+    ends = [end for end in ends if set(OUTCOMES) <= set(end)]
+    if not ends:
+        return None
+    counts = {name: sum(int(end[name]) for end in ends) for name in OUTCOMES}
+    return {"games": len(ends), **counts, **{f"{name}_rate": wilson(counts[name], len(ends)) for name in OUTCOMES}}
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> list[float]:
+    """[rate, low, high]: the rate of `successes` in `n` and its Wilson score interval (95% for z = 1.96)."""
+    rate = successes / n
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(rate * (1 - rate) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [rate, max(centre - half, 0.0), min(centre + half, 1.0)]
 
 
 def mean_or_none(values: list[float]) -> float | None:

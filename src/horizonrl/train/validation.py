@@ -28,7 +28,7 @@ from pathlib import Path
 
 from horizonrl import runfolder
 from horizonrl.config import TrainConfig
-from horizonrl.evaluate import play_envs
+from horizonrl.evaluate import play_envs, plays_of
 from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
 from horizonrl.rollout.seeds import validation_seeds
 from horizonrl.runstate.checkpoint import save_checkpoint
@@ -61,7 +61,7 @@ class Validation:
         greedy = {"greedy": sampling_params(cfg.rollout, tokenizer, actor, agent, temperature=0.0)}
         hf = cfg.rollout.model_copy(update={"engine": "hf"})
         with contextlib.closing(make_engine(actor, tokenizer, hf, cfg.seed, device)) as engine:
-            played = play_envs(cfg, cfg.env.ids, agent, engine, greedy, self.seeds)["greedy"]
+            played = play_envs(cfg, plays_of(cfg, cfg.env.ids), agent, engine, greedy, self.seeds)["greedy"]
         envs_results = {env_id: {"success_rate": summary["success_rate"], "failures": summary["failures"]}
                         for env_id, summary in played.items()}
         success = sum(r["success_rate"] or 0.0 for r in envs_results.values()) / len(envs_results)
