@@ -152,3 +152,15 @@ def test_eval_plays_each_seat_against_the_opponent_asked_and_reports_the_outcome
         assert games["games"] == 6 and games["win"] == 0 and games["draw"] + games["loss"] == 6
     assert main(["eval", str(run), "--episodes", "2", "--opponent", "mcts:x"]) == 2
     assert "mcts:N needs a whole number" in capsys.readouterr().err
+
+
+def test_liars_dice_spells_the_die_and_the_bids_and_sixes_are_wild_as_the_tips_say():
+    game = pyspiel.load_game("liars_dice")
+    state = game.new_initial_state()
+    for action in (5, 2, 8):                 # dice 6 and 3; player 1 bids 2-3 (two 3s)
+        state.apply_action(action)
+    assert openspiel_games.TEXTS["liars_dice"].describe(state, 1) == \
+        "You are player 2 of 2 (the opponent moves first).\nYour die: 3.\nBids so far: the opponent bid 2-3."
+    state.apply_action(12)                   # liar: a 3 and a wild 6 hold the bid, so the caller loses
+    assert state.returns() == [1.0, -1.0]
+    assert openspiel_games.TEXTS["liars_dice"].move_names[8] == "2-3"

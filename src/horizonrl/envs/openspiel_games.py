@@ -10,6 +10,7 @@ what the seat may know reaches the text: the information state (imperfect-inform
     leduc_poker    six cards (two of each rank), a board card after the first round; fold, call or raise
     tic_tac_toe    cells a1..c3 (column letter, row number)
     connect_four   columns a..g
+    liars_dice     one die each; bids q-f (at least q dice show face f, 6s wild) or liar
 
 Board games draw their board (x, o and . for empty) under a header of the column letters, a row number before each
 row; the symbols are `map_symbols` (a tiny model's tokenizer keeps each a token of its own).
@@ -77,6 +78,12 @@ def leduc(state, seat: int) -> str:
     return "\n".join(lines)
 
 
+def liars_dice(state, seat: int) -> str:
+    die, *bids = state.information_state_string(seat).split()          # the seat's die, then the bids so far
+    said = [f"{by_whom(i, 0, seat)} bid {bid}" for i, bid in enumerate(bids)]
+    return "\n".join([seat_line(seat), f"Your die: {die}.", f"Bids so far: {', '.join(said) if said else 'none'}."])
+
+
 def board(state, seat: int) -> str:
     """A board game whose observation string is its rows, one a line (OpenSpiel's tic_tac_toe, connect_four)."""
     rows = state.observation_string(seat).strip().splitlines()
@@ -120,4 +127,15 @@ TEXTS: dict[str, GameText] = {
         move_names=list("abcdefg"), moves={c: f"drop your mark into column {c}" for c in "abcdefg"}, describe=board,
         tips=["a mark falls to the lowest empty cell of its column; row 6 is the bottom", "a full column cannot be "
               "played"], symbols="xo."),
+    "liars_dice": GameText(
+        intro="You are playing liar's dice against an opponent",
+        mission="win the call: each player rolls one six-sided die and sees only their own; players take turns "
+                "raising a bid on both dice until one calls liar: a bid that holds makes the caller lose, one that "
+                "does not makes the bidder lose",
+        move_names=[f"{quantity}-{face}" for quantity in (1, 2) for face in range(1, 7)] + ["liar"],
+        moves={**{f"{q}-{f}": f"bid that at least {q} of the two dice show {f}" for q in (1, 2) for f in range(1, 7)},
+               "liar": "call the last bid false"},
+        describe=liars_dice,
+        tips=["6s are wild: a 6 counts as any face", "a bid must be higher than the last one (the legal moves list "
+              "them)", "calling liar on a bid that holds loses; on one that does not, wins"]),
 }
