@@ -162,7 +162,8 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         if ranks.is_main else None
     return RunContext(cfg, run_dir, device, tokenizer, actor, reference, actor_opt, engine, sync_check, collector,
                       metrics, Checkpointer(run_dir, state, cfg, signals), shuffle,
-                      micro_batch_budget(cfg, device, ranks.world_size, sharing.actor and sharing.actor.window),
+                      micro_batch_budget(cfg, device, ranks.world_size,
+                                         None if sharing.actor is None else sharing.actor.window),
                       first_iteration,
                       critic, critic_opt, critic_loss, ranks, sharing=sharing)
 
@@ -171,7 +172,7 @@ def network_sharing(cfg: TrainConfig, actor, critic: ValueModel | None, referenc
     """With optim.shared_prefix, the prefix sharing of each network's body (a LoRA reference is its actor's body with
     the adapters off, so shares the actor's Sharing); without it, none."""
     if not cfg.optim.shared_prefix:
-        return NetworkSharing()
+        return UNSHARED
     actor_sharing = prefix_sharing(lm_body(actor), ranks=ranks)
     critic_sharing = None if critic is None else prefix_sharing(critic.backbone, ranks=ranks)
     if isinstance(reference, AdaptersOff):
