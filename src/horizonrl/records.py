@@ -26,6 +26,7 @@ class Turn:
     valid_action: bool = True
     info: dict = field(default_factory=dict)
     state_key: str | None = None        # the env state the turn started from (TextEnv.state_key; GiGPO)
+    seat: int | None = None             # the game seat that played the turn (TextEnv.seat); None: no seats
 
 
 @dataclass

@@ -97,7 +97,7 @@ REGISTRY.update({f"gem:{game}": EnvSpec("horizonrl.envs.gem_env:GemGame", {"game
                  for game in gem_games.GAMES})
 REGISTRY.update({f"openspiel:{game}": EnvSpec("horizonrl.envs.openspiel_env:OpenSpielEnv", {"game": game},
                                               f"OpenSpiel: {text.intro.removeprefix('You are playing ')} (opponent= "
-                                              "random, mcts:N or perfect; seat= 0, 1 or alternate)", "games")
+                                              "random, mcts:N, perfect or self; seat= 0, 1 or alternate)", "games")
                  for game, text in openspiel_games.TEXTS.items()})
 
 

@@ -15,6 +15,10 @@ An env speaks text: observations are strings, actions are names from `env.action
     translations       normalised near-miss -> action name (e.g. "move forward" -> "go forward")
     map_symbols        (optional) the characters of a map the observation draws as text: a tiny model's tokenizer
                        keeps each a token of its own (assembly/warm_start.py)
+    seat               (optional, a game's) the seat the current observation is for, the one that acts next. An env
+                       whose one policy plays every seat (self-play) changes it from turn to turn, gives reward 0 at
+                       each step and ends with `info["seat_returns"]`, each seat's return: the collector splits its
+                       episodes by seat (rollout/seats.py)
     unwrapped          the simulator underneath (minigrid, crafter, ...), for tests and debugging
 """
 

@@ -1,6 +1,7 @@
-"""An OpenSpiel two-player game as a TextEnv: the policy plays one seat, a fixed opponent the other.
+"""An OpenSpiel two-player game as a TextEnv: the policy plays one seat, a fixed opponent the other, or every seat.
 
     env = envs.make("openspiel:tic_tac_toe", seat="alternate", opponent="perfect")
+    env = envs.make("openspiel:kuhn_poker", opponent="self")        # self-play: the policy plays both seats
 
 `seat` 0 or 1 is the policy's seat; "alternate" takes seat `seed % 2`, so a run's episodes play both. Chance (the
 deal, the board card) is drawn from a generator seeded by `reset(seed)`, the opponent (envs/opponents.py) is seeded
@@ -13,6 +14,12 @@ poker), 0 before. A move that is not legal here ends the game, not played out: t
 default the game's least utility less 0.5, worse than any loss, so that it is never a way out: -1.5 on a board,
 SPIRAL's penalty). Success: a positive return; progress: the return scaled from the game's least utility (0) to its
 most (1). `info["metrics"]` at the end: `win`, `draw`, `loss`, `illegal` (1 or 0), logged as env/<name>.
+
+Self-play (`opponent: "self"`): the policy plays every seat; `seat` is the seat to move, whose observation each
+step returns (the game's first mover's at reset: `seat` is not asked). Reward 0 at every step; at the end
+`info["seat_returns"]` gives each seat's return (an illegal move: `illegal_reward` to the offender, 0 to the other),
+which the collector turns into one episode per seat (rollout/seats.py); the metrics are `first_seat_win`, `draw`
+and `illegal`.
 
 `state_key()`: the seat's information state (OpenSpiel's `information_state_string`, which for a board game is its
 move history) or, for perfect-information games, the position (`observation_string`): GiGPO groups turns whose
@@ -30,11 +37,14 @@ from horizonrl.envs.base import Instruction, state_digest
 from horizonrl.envs.openspiel_games import OUTCOMES, TEXTS, GameText
 from horizonrl.envs.opponents import Opponent, make_opponent
 
+SELF_PLAY = "self"   # the opponent spec of self-play: the policy plays every seat
+
 class OpenSpielEnv:
     translations: dict[str, str] = {}
 
     def __init__(self, game: str, seat: int | str = "alternate", opponent: str = "random",
                  illegal_reward: float | None = None):
+        """`opponent`: "self" (self-play) or an opponent of envs/opponents.py."""
         if game not in TEXTS:
             raise ValueError(f"openspiel game {game!r} has no text form here; known: {', '.join(sorted(TEXTS))}")
         if seat not in (0, 1, "alternate"):
@@ -43,7 +53,7 @@ class OpenSpielEnv:
         self.game = pyspiel.load_game(game)
         self.illegal_reward = self.game.min_utility() - 0.5 if illegal_reward is None else illegal_reward
         self.text: GameText = TEXTS[game]
-        self.opponent: Opponent = make_opponent(opponent, self.game)
+        self.opponent: Opponent | None = None if opponent == SELF_PLAY else make_opponent(opponent, self.game)
         self.actions = list(self.text.move_names)
         self.default_action = self.actions[0]
         self.map_symbols = self.text.symbols
@@ -63,19 +73,24 @@ class OpenSpielEnv:
     def reset(self, seed: int) -> tuple[str, dict]:
         self.seat = seed % 2 if self.seat_choice == "alternate" else self.seat_choice
         self.chance, self.expert = random.Random(seed), random.Random(seed + 1)
-        self.opponent.reset(seed)
+        if self.opponent is not None:
+            self.opponent.reset(seed)
         self.state = self.game.new_initial_state()
         self.play_others()
         return self.render(), {}
 
     def play_others(self) -> None:
-        """Chance and the opponent move until it is the seat's turn or the game is over."""
-        while not self.state.is_terminal() and self.state.current_player() != self.seat:
+        """Chance and the opponent move until it is the seat's turn or the game is over; in self-play, chance moves
+        and the seat becomes the player to move."""
+        while not self.state.is_terminal() and (self.state.is_chance_node() or self.opponent is not None
+                                                 and self.state.current_player() != self.seat):
             if self.state.is_chance_node():
                 outcomes, weights = zip(*self.state.chance_outcomes())
                 self.state.apply_action(self.chance.choices(outcomes, weights)[0])
             else:
                 self.state.apply_action(self.opponent.act(self.state))
+        if self.opponent is None and not self.state.is_terminal():
+            self.seat = self.state.current_player()
 
     def legal_names(self) -> list[str]:
         return [self.actions[a] for a in self.state.legal_actions()]
@@ -92,12 +107,19 @@ class OpenSpielEnv:
             raise RuntimeError("step after the game ended: call reset(seed)")
         move = self.actions.index(action)
         if move not in self.state.legal_actions():
-            return (f"{action} is not a legal move here (legal: {', '.join(self.legal_names())}): you lose the game.",
-                    self.illegal_reward, True, False, self.outcome(self.illegal_reward, illegal=True))
+            message = f"{action} is not a legal move here (legal: {', '.join(self.legal_names())}): you lose the game."
+            if self.opponent is None:
+                returns = [self.illegal_reward if seat == self.seat else 0.0 for seat in range(2)]
+                return message, 0.0, True, False, self.self_play_outcome(returns, illegal=True)
+            return message, self.illegal_reward, True, False, self.outcome(self.illegal_reward, illegal=True)
+        mover = self.seat
         self.state.apply_action(move)
         self.play_others()
         if not self.state.is_terminal():
             return self.render(), 0.0, False, False, {}
+        if self.opponent is None:
+            self.seat = mover
+            return self.render(), 0.0, True, False, self.self_play_outcome(self.state.returns())
         result = self.state.returns()[self.seat]
         return self.render(), float(result), True, False, self.outcome(result)
 
@@ -107,6 +129,14 @@ class OpenSpielEnv:
         metrics = {name: float(value) for name, value in zip(OUTCOMES, happened, strict=True)}
         return {"success": result > 0, "progress": min(max((result - low) / (high - low), 0.0), 1.0),
                 "metrics": metrics}
+
+    def self_play_outcome(self, returns: list[float], illegal: bool = False) -> dict:
+        """The end of a self-play game: every seat's return; success when the first seat won."""
+        low, high = self.game.min_utility(), self.game.max_utility()
+        metrics = {"first_seat_win": float(returns[0] > 0 and not illegal),
+                   "draw": float(all(r == 0 for r in returns) and not illegal), "illegal": float(illegal)}
+        return {"success": returns[0] > 0, "progress": min(max((returns[0] - low) / (high - low), 0.0), 1.0),
+                "metrics": metrics, "seat_returns": [float(r) for r in returns]}
 
     def state_key(self) -> str:
         perfect = self.game.get_type().information == pyspiel.GameType.Information.PERFECT_INFORMATION

@@ -1,6 +1,7 @@
 """Async env handles for the collector: in-process, or one worker process per env stream.
 
-Both kinds expose what the agent reads (`actions`, `default_action`, `translations`, `instruction`),
+Both kinds expose what the agent reads (`actions`, `default_action`, `translations`, `instruction`, and a game's
+`seat`: None for an env without seats),
 `state_key` (the env's state_key() after the last reset or step; None for an env without one) and
 `async reset(seed)` / `async step(action)`. A call that raises, or that has not answered after
 `timeout_s` (worker processes only), raises `EnvError` after the handle has rebuilt its env (a new
@@ -26,9 +27,9 @@ class EnvError(RuntimeError):
     """An env call failed or hung; the handle has already been rebuilt."""
 
 
-def env_view(env) -> tuple[list[str], str, dict[str, str], Instruction]:
+def env_view(env) -> tuple[list[str], str, dict[str, str], Instruction, int | None]:
     """What the agent needs to read from an env, refreshed after every call (it may change)."""
-    return list(env.actions), env.default_action, dict(env.translations), env.instruction
+    return list(env.actions), env.default_action, dict(env.translations), env.instruction, getattr(env, "seat", None)
 
 
 def state_of(env) -> str | None:
@@ -47,7 +48,7 @@ class InProcessEnv:
         self._refresh()
 
     def _refresh(self) -> None:
-        self.actions, self.default_action, self.translations, self.instruction = env_view(self.env)
+        self.actions, self.default_action, self.translations, self.instruction, self.seat = env_view(self.env)
 
     async def reset(self, seed: int) -> tuple[str, dict]:
         return self._call("reset", seed)
@@ -101,7 +102,7 @@ class WorkerEnv:
         if status != "ok":
             self._stop()
             raise ValueError(f"env {self.env_id!r} could not be built in a worker: {payload}")
-        self.actions, self.default_action, self.translations, self.instruction = view
+        self.actions, self.default_action, self.translations, self.instruction, self.seat = view
 
     async def reset(self, seed: int) -> tuple[str, dict]:
         return await self._call("reset", seed)
@@ -122,7 +123,7 @@ class WorkerEnv:
         if status != "ok":
             self._restart()
             raise EnvError(f"{self.env_id} {method}({argument!r}) raised {payload}")
-        self.actions, self.default_action, self.translations, self.instruction = view
+        self.actions, self.default_action, self.translations, self.instruction, self.seat = view
         result, self.state_key = payload
         return result
 

@@ -22,9 +22,11 @@ from collections.abc import Awaitable, Callable
 from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
+from horizonrl.errors import ConfigError
 from horizonrl.records import Episode
 from horizonrl.rollout.collector import Deliver
 from horizonrl.rollout.failures import log_failures
+from horizonrl.rollout.seats import alternates
 from horizonrl.rollout.seeds import first_training_seed
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 
@@ -80,6 +82,10 @@ class FixedTurnCollector:
                     fragments.append(episode)
                 episode, stream.observation = None, None
                 continue
+            if alternates(episode, turn):
+                raise ConfigError(f"algorithm: {stream.task} gives its turns to every seat (self-play); PPO's "
+                                  "fixed-turn streams play one seat: train it with a group estimator (grpo, rloo, "
+                                  "...), or give it an opponent")
             episode.turns.append(turn)
             if turn.terminated or turn.truncated:
                 finish_episode(episode, turn, stream, self.agent, next_observation)

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from horizonrl.records import Episode
 from horizonrl.rollout.collector import Deliver
 from horizonrl.rollout.failures import log_failures
+from horizonrl.rollout.seats import by_seat
 from horizonrl.rollout.seeds import first_training_seed
 
 
@@ -123,8 +124,11 @@ class GroupCollector:
                 await last
 
     async def _play(self, tasks: list, errors: list[str]) -> list[Episode]:
-        return list(await asyncio.gather(*(self.player.play(task, k, errors)
-                                           for task in tasks for k in range(self.group_size))))
+        """The rollouts of `tasks`; a game whose every seat the policy played, one episode per seat
+        (rollout/seats.py)."""
+        played = await asyncio.gather(*(self.player.play(task, k, errors)
+                                        for task in tasks for k in range(self.group_size)))
+        return [seat_episode for episode in played for seat_episode in by_seat(episode)]
 
     def state_dict(self) -> dict:
         return {"next_seed": self.next_seed}

@@ -94,7 +94,7 @@ async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: Sam
     env's info, the observation the agent acted on, and the engine's timing, finish reason and
     retried failures (`engine_retries`, when there were any)."""
     prompt_ids = agent.prompt_ids(stream.env, stream.history, stream.observation)
-    state_key = stream.env.state_key                  # of the state the observation shows, before the step
+    state_key, seat = stream.env.state_key, stream.env.seat     # of the state the observation shows, before the step
     started = time.perf_counter()
     # the stream's episode seed, its index (rollouts of one seed differ in it) and the turn: one
     # random stream per request, whatever else the engine batches with it (a hash of ints is stable)
@@ -117,7 +117,7 @@ async def play_turn(stream: EnvStream, agent: Agent, engine: Engine, params: Sam
     if retries:
         info["engine_retries"] = retries
     turn = Turn(prompt_ids, generation.token_ids, generation.logprobs, reward, terminated, truncated,
-                decision.action, decision.valid, info, state_key)
+                decision.action, decision.valid, info, state_key, seat)
     return turn, observation
 
 
