@@ -39,6 +39,7 @@ from horizonrl.envs.opponents import Opponent, make_opponent
 
 SELF_PLAY = "self"   # the opponent spec of self-play: the policy plays every seat
 
+
 class OpenSpielEnv:
     translations: dict[str, str] = {}
 
@@ -123,20 +124,22 @@ class OpenSpielEnv:
         result = self.state.returns()[self.seat]
         return self.render(), float(result), True, False, self.outcome(result)
 
-    def outcome(self, result: float, illegal: bool = False) -> dict:
+    def progress(self, result: float) -> float:
+        """A return scaled from the game's least utility (0) to its most (1)."""
         low, high = self.game.min_utility(), self.game.max_utility()
+        return min(max((result - low) / (high - low), 0.0), 1.0)
+
+    def outcome(self, result: float, illegal: bool = False) -> dict:
         happened = (result > 0, result == 0 and not illegal, result < 0, illegal)
         metrics = {name: float(value) for name, value in zip(OUTCOMES, happened, strict=True)}
-        return {"success": result > 0, "progress": min(max((result - low) / (high - low), 0.0), 1.0),
-                "metrics": metrics}
+        return {"success": result > 0, "progress": self.progress(result), "metrics": metrics}
 
     def self_play_outcome(self, returns: list[float], illegal: bool = False) -> dict:
         """The end of a self-play game: every seat's return; success when the first seat won."""
-        low, high = self.game.min_utility(), self.game.max_utility()
         metrics = {"first_seat_win": float(returns[0] > 0 and not illegal),
                    "draw": float(all(r == 0 for r in returns) and not illegal), "illegal": float(illegal)}
-        return {"success": returns[0] > 0, "progress": min(max((returns[0] - low) / (high - low), 0.0), 1.0),
-                "metrics": metrics, "seat_returns": [float(r) for r in returns]}
+        return {"success": returns[0] > 0, "progress": self.progress(returns[0]), "metrics": metrics,
+                "seat_returns": [float(r) for r in returns]}
 
     def state_key(self) -> str:
         perfect = self.game.get_type().information == pyspiel.GameType.Information.PERFECT_INFORMATION
