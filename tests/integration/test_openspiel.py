@@ -164,3 +164,28 @@ def test_liars_dice_spells_the_die_and_the_bids_and_sixes_are_wild_as_the_tips_s
     state.apply_action(12)                   # liar: a 3 and a wild 6 hold the bid, so the caller loses
     assert state.returns() == [1.0, -1.0]
     assert openspiel_games.TEXTS["liars_dice"].move_names[8] == "2-3"
+
+
+def test_always_betting_against_kuhns_equilibrium_scores_its_exact_value():
+    """OpenSpiel's exact value of always betting against the equilibrium (alpha 0) is -1/9 in either seat (by hand:
+    as player 1, the six deals give 0, -2, +1, -2, +1, +4/3). 4,000 games a seat land within 0.05 of it (standard
+    error ~0.025); an opponent whose draws followed the deal's would see the cards and lose (+0.14 measured)."""
+    from open_spiel.python import policy
+    from open_spiel.python.algorithms import expected_game_score
+
+    game = pyspiel.load_game("kuhn_poker")
+    table = pyspiel.kuhn_poker.get_optimal_policy(0.0).policy_table()
+    optimal = policy.tabular_policy_from_callable(game, lambda s: dict(table[s.information_state_string()]))
+    always_bet = policy.tabular_policy_from_callable(game, lambda s: {0: 0.0, 1: 1.0})
+    for seat in (0, 1):
+        players = [always_bet, optimal] if seat == 0 else [optimal, always_bet]
+        exact = expected_game_score.policy_value(game.new_initial_state(), players)[seat]
+        assert exact == pytest.approx(-1 / 9)
+        env, total = envs.make("openspiel:kuhn_poker", seat=seat, opponent="perfect"), 0.0
+        for seed in range(4000):
+            env.reset(seed)
+            terminated = False
+            while not terminated:
+                _, reward, terminated, _, _ = env.step("bet")
+            total += reward
+        assert total / 4000 == pytest.approx(exact, abs=0.05), seat

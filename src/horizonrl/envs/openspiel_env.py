@@ -60,7 +60,7 @@ class OpenSpielEnv:
         self.map_symbols = self.text.symbols
         self.state = None
         self.seat = 0
-        self.chance = self.expert = random.Random(0)
+        self.chance, self.expert = random.Random(0), random.Random("expert 0")
 
     @property
     def unwrapped(self):
@@ -73,7 +73,7 @@ class OpenSpielEnv:
 
     def reset(self, seed: int) -> tuple[str, dict]:
         self.seat = seed % 2 if self.seat_choice == "alternate" else self.seat_choice
-        self.chance, self.expert = random.Random(seed), random.Random(seed + 1)
+        self.chance, self.expert = random.Random(seed), random.Random(f"expert {seed}")
         if self.opponent is not None:
             self.opponent.reset(seed)
         self.state = self.game.new_initial_state()

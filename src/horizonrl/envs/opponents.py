@@ -7,7 +7,8 @@
 
 `make_opponent(spec, game)` refuses a spec the game cannot have (MCTS on a poker game, perfect play where no exact
 solution is computed here) naming why. Every opponent is seeded at each episode's `reset(seed)`: the same seed plays
-the same moves in the same positions.
+the same moves in the same positions. Its generator is its own (`opponent_seed`): one seeded like the env's chance
+would draw the same numbers as the deal, and so play as if it saw the cards.
 """
 
 from __future__ import annotations
@@ -28,14 +29,19 @@ class Opponent(Protocol):
         """An action id among state.legal_actions() for the player to move."""
 
 
+def opponent_seed(seed: int) -> str:
+    """The seed of an opponent's generator in the episode of `seed`: a stream apart from the env's chance."""
+    return f"opponent {seed}"
+
+
 class Seeded:
     """An opponent that draws from a generator of its own, seeded by each episode's reset."""
 
     def __init__(self):
-        self.rng = random.Random(0)
+        self.rng = random.Random(opponent_seed(0))
 
     def reset(self, seed: int) -> None:
-        self.rng = random.Random(seed)
+        self.rng = random.Random(opponent_seed(seed))
 
 
 class RandomOpponent(Seeded):
@@ -49,8 +55,9 @@ class MCTSOpponent:
         self.bot = None
 
     def reset(self, seed: int) -> None:
-        evaluator = pyspiel.RandomRolloutEvaluator(1, seed)
-        self.bot = pyspiel.MCTSBot(self.game, evaluator, MCTS_UCT_C, self.simulations, 1000, False, seed, False)
+        own = random.Random(opponent_seed(seed)).getrandbits(31)      # the C++ bot's seeds, apart from the chance's
+        evaluator = pyspiel.RandomRolloutEvaluator(1, own)
+        self.bot = pyspiel.MCTSBot(self.game, evaluator, MCTS_UCT_C, self.simulations, 1000, False, own, False)
 
     def act(self, state) -> int:
         return self.bot.step(state)
