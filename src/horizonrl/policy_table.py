@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import math
 
-import torch
 
 from horizonrl import envs
 from horizonrl.agents.prompt import plan_text
 from horizonrl.engines.base import SamplingParams
 from horizonrl.engines.scripted import scripted_generation
-from horizonrl.learner.models import pad_token_id
-from horizonrl.learner.scoring import token_logprobs
-from horizonrl.samples.tensors import pad
+from horizonrl.learner.scoring import response_logprobs
 
 EXACT = ("kuhn_poker", "leduc_poker")      # games whose exploitability OpenSpiel computes here in seconds
 ROWS_PER_PASS = 64
@@ -53,8 +50,9 @@ def policy_table(model, tokenizer, agent, game: str, temperature: float = 1.0) -
         for action in state.legal_actions():
             response = scripted_generation(tokenizer, plan_text(env.expert_reason(), env.actions[action]), stop)
             rows.append((state.information_state_string(), action, prompt, response.token_ids))
-    logps = response_logprobs(model, [(prompt, response) for _, _, prompt, response in rows], pad_token_id(tokenizer),
-                              temperature)
+    scored = [(prompt, response) for _, _, prompt, response in rows]
+    logps = [sum(tokens) for begin in range(0, len(scored), ROWS_PER_PASS)
+             for tokens in response_logprobs(model, scored[begin:begin + ROWS_PER_PASS], temperature)]
     by_state: dict[str, dict[int, float]] = {}
     for (information, action, _, _), logp in zip(rows, logps, strict=True):
         by_state.setdefault(information, {})[action] = logp
@@ -66,22 +64,6 @@ def policy_table(model, tokenizer, agent, game: str, temperature: float = 1.0) -
         policy[information] = {str(action): weight / total for action, weight in weights.items()}
         covered.append(math.exp(top) * total)
     return {"game": game, "temperature": temperature, "policy": policy}, sum(covered) / len(covered)
-
-
-@torch.no_grad()
-def response_logprobs(model, rows: list[tuple[list[int], list[int]]], pad_id: int, temperature: float) -> list[float]:
-    """log p(response | prompt) of each (prompt ids, response ids) under `model` at `temperature`."""
-    device = next(model.parameters()).device
-    out = []
-    for begin in range(0, len(rows), ROWS_PER_PASS):
-        chunk = rows[begin:begin + ROWS_PER_PASS]
-        sequences = [prompt + response for prompt, response in chunk]
-        input_ids = pad(sequences, pad_id, torch.long, device)
-        attention_mask = pad([[1] * len(s) for s in sequences], 0, torch.long, device)
-        loss_mask = pad([[0] * len(prompt) + [1] * len(response) for prompt, response in chunk], 0, torch.long, device)
-        logp, _ = token_logprobs(model, input_ids, attention_mask, loss_mask, temperature)
-        out += (logp * loss_mask).sum(dim=1).tolist()
-    return out
 
 
 def exploitability(table: dict) -> float:

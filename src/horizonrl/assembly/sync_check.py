@@ -29,15 +29,13 @@ from __future__ import annotations
 
 import time
 
-import torch
 
 from horizonrl.config import TrainConfig
 from horizonrl.engines.base import ScoredRow, TrainingEngine
 from horizonrl.learner.distributed import LOCAL, Ranks
-from horizonrl.learner.scoring import token_logprobs
+from horizonrl.learner.scoring import response_logprobs
 from horizonrl.learner.shared_prefix import Sharing
 from horizonrl.records import Episode
-from horizonrl.samples.tensors import pad
 
 
 class EngineOutOfSync(RuntimeError):
@@ -116,15 +114,7 @@ class SyncCheck:
 def learner_scores(actor, rows: list[ScoredRow], sharing: Sharing | None = None) -> list[list[float]]:
     """The learner's log-prob of each response token of each row at temperature 1 (one forward, sharing prefixes
     with the actor's `sharing`; on every rank, as a sharded actor needs, rows or none)."""
-    device = next(actor.parameters()).device
-    sequences = [row.prompt_ids + row.response_ids for row in rows] or [[0]]
-    scored = [[0] * len(row.prompt_ids) + [1] * len(row.response_ids) for row in rows] or [[0]]
-    input_ids = pad(sequences, 0, torch.long, device)
-    loss_mask = pad(scored, 0, torch.long, device)
-    with torch.no_grad():
-        logp, _ = token_logprobs(actor, input_ids, pad([[1] * len(s) for s in sequences], 0, torch.long, device),
-                                 loss_mask, temperature=1.0, sharing=sharing)
-    return [logp[i][loss_mask[i].bool()].tolist() for i in range(len(rows))]
+    return response_logprobs(actor, [(row.prompt_ids, row.response_ids) for row in rows], 1.0, sharing)
 
 
 def mean_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:

@@ -77,6 +77,21 @@ def sampled_positions(policy, input_ids: Tensor, attention_mask: Tensor, loss_ma
     return hidden[:, :-1][predicts], input_ids[:, 1:][predicts], predicts
 
 
+@torch.no_grad()
+def response_logprobs(policy, rows: list[tuple[list[int], list[int]]], temperature: float = 1.0,
+                      sharing: Sharing | None = None) -> list[list[float]]:
+    """The log-prob of each response token of each (prompt ids, response ids) row under `policy`, in one forward
+    (no rows: a forward of one token all the same, as every rank of a sharded policy must run one)."""
+    device = next(policy.parameters()).device
+    sequences = [prompt + response for prompt, response in rows] or [[0]]
+    scored = [[0] * len(prompt) + [1] * len(response) for prompt, response in rows] or [[0]]
+    loss_mask = pad(scored, 0, torch.long, device)
+    logp, _ = token_logprobs(policy, pad(sequences, 0, torch.long, device),
+                             pad([[1] * len(s) for s in sequences], 0, torch.long, device), loss_mask, temperature,
+                             sharing=sharing)
+    return [logp[i][loss_mask[i].bool()].tolist() for i in range(len(rows))]
+
+
 def token_values(critic, input_ids: Tensor, attention_mask: Tensor, loss_mask: Tensor, sharing: Sharing | None = None,
                  micro_batch: Plan | None = None) -> Tensor:
     """values[:, t] = V(ids[:t]), the value of the state before sampled token t (`sharing`: as token_logprobs)."""
