@@ -99,10 +99,7 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
     model_path = model_to_load(checkpoint, cfg, run_config)
     env_ids = check_evaluable(cfg, run_config, env_ids, max_steps)
     plays = plays_of(cfg, env_ids) if opponent is None else seat_plays(cfg, env_ids, opponent)
-    games = [game for game in map(scored_game, env_ids) if game]
-    if table_path is not None and len(games) != 1:
-        raise ValueError(f"--policy-table writes the table of one game whose exploitability is computed here "
-                         f"(openspiel:kuhn_poker, openspiel:leduc_poker); the envs evaluated hold {len(games)}")
+    games = scored_games(env_ids, table_path)
     seeds = held_out_seeds(episodes)
     device = resolve_device(cfg.device)
     tokenizer, model = load_policy(model_path, device)
@@ -135,6 +132,16 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
     results_path = results_dir / f"eval-{checkpoint.name}.json"
     results_path.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
     return results, results_path
+
+
+def scored_games(env_ids: list[str], table_path: Path | None) -> list[str]:
+    """The OpenSpiel games among `env_ids` whose exploitability is computed here; with `table_path`, there must be
+    one (its table goes there), else a ValueError before any model is loaded."""
+    games = [game for game in map(scored_game, env_ids) if game]
+    if table_path is not None and len(games) != 1:
+        raise ValueError(f"--policy-table writes the table of one game whose exploitability is computed here "
+                         f"(openspiel:kuhn_poker, openspiel:leduc_poker); the envs evaluated hold {len(games)}")
+    return games
 
 
 def scored_policy(model, tokenizer, agent, cfg: TrainConfig, game: str, table_path: Path | None) -> dict:
