@@ -3,8 +3,8 @@
 Sections say which algorithm reads them. Every algorithm: model, env (or task), agent, rollout,
 optim (the optimiser steps), actor (its learning rate and policy loss), samples/merge, checkpointing
 (save_every) and report_to. PPO only: ppo (fixed-turn batches, GAE, KL in the reward) and critic.
-Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp and gigpo: `algos/registry.py`): group;
-gigpo also reads gigpo (its step-level advantage; every env must have state_key()). Settings
+Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp, gigpo and rae: `algos/registry.py`): group;
+gigpo also reads gigpo (its step-level advantage; every env must have state_key()), rae reads rae. Settings
 an algorithm does not read are no error, and a cross-field check runs only for the algorithm it is
 about. `actor.kl_loss_coef` (KL in the actor loss) works with every algorithm, ppo included.
 
@@ -437,7 +437,7 @@ class MergeConfig(Section):
 
 
 class GroupConfig(Section):
-    """Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp, gigpo; the estimator is `algorithm`):
+    """Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp, gigpo, rae; the estimator is `algorithm`):
     episode groups of one task, scored by an outcome reward."""
 
     n_tasks: int = Field(8, gt=0, description="tasks (env seeds) per batch")
@@ -452,6 +452,14 @@ class GiGPOConfig(Section):
     gamma: float = Field(0.95, ge=0, le=1, description="discount of the step returns")
     step_weight: float = Field(1.0, ge=0, description="weight of the step advantage")
     norm: Literal["std", "none"] = Field("std", description="std: (x - mean) / (std + eps); none: x - mean")
+
+
+class RAEConfig(Section):
+    """algorithm=rae only: the moving baseline of each role (algos/rae.py), saved with the run's checkpoints."""
+
+    decay: float = Field(0.95, ge=0, lt=1, description="b <- decay * b + (1 - decay) * the batch's mean return")
+    per_seat: bool = Field(True, description="a baseline per game and seat; false: one per game, whatever the seat "
+                                             "(no role conditioning: the ablation)")
 
 
 class SFTConfig(Section):
@@ -562,6 +570,7 @@ class TrainConfig(Section):
     merge: MergeConfig = MergeConfig()
     group: GroupConfig = GroupConfig()
     gigpo: GiGPOConfig = GiGPOConfig()
+    rae: RAEConfig = RAEConfig()
     task: TaskConfig | None = None
     sft: SFTConfig = SFTConfig()
     report_to: list[Literal[SINKS]] = Field(["jsonl"], description="metrics sinks; jsonl is always written")

@@ -35,8 +35,8 @@ TOY = str(SOURCE_CONFIGS / "toy.yaml")   # the river recipe: small, fast runs
 SMALL = ["rollout.n_env=4", "ppo.e_len=4", "optim.mini_batch_size=8", "optim.micro_batch_size=8",
          "critic.warmup_batches=1", "critic.warmup_iters=1", "model.warm_start.steps=20",
          "model.warm_start.iterations=1"]
-ALGORITHMS = {"ppo": SMALL, "grpo": [*SMALL, "algorithm=grpo", "group.n_tasks=2", "group.group_size=2",
-                                     "group.max_turns=4"]}
+GROUPS = ["group.n_tasks=2", "group.group_size=2", "group.max_turns=4"]
+ALGORITHMS = {"ppo": SMALL, "grpo": [*SMALL, "algorithm=grpo", *GROUPS], "rae": [*SMALL, "algorithm=rae", *GROUPS]}
 ITERATIONS = 4
 STALL_SCRIPT = Path(__file__).with_name("stall_checkpoint.py")
 
@@ -57,7 +57,8 @@ def straight(tmp_path_factory):
     return run
 
 
-WEIGHTS = {"ppo": ("model.safetensors", "critic/model.safetensors"), "grpo": ("model.safetensors",)}  # grpo: no critic
+WEIGHTS = {"ppo": ("model.safetensors", "critic/model.safetensors"), "grpo": ("model.safetensors",),  # no critic
+           "rae": ("model.safetensors",)}
 
 
 def assert_same_run(run: Path, straight: Path, algorithm: str = "ppo") -> None:
@@ -110,7 +111,7 @@ def wait_for(condition, process: subprocess.Popen, timeout_s: float = 120) -> No
         time.sleep(0.02)
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "rae"])     # rae: its baselines come back with the checkpoint
 def test_resume_after_the_last_iteration_continues_exactly(tmp_path, straight, algorithm):
     assert main(["train", TOY, *ALGORITHMS[algorithm], "iterations=2", "save_every=0", f"output_dir={tmp_path}",
                  "--quiet"]) == 0

@@ -38,7 +38,8 @@ BAD = [  # overrides of the toy recipe -> the line of the error that names the k
     (["ppo.warmup_batches=2"], "ppo.warmup_batches moved to critic.warmup_batches"),
     (["rollout.e_len=4"], "rollout.e_len moved to ppo.e_len"),
     (["ppo.tis_cap=2.0"], "ppo.tis_cap moved to actor.tis_cap"),   # it weights every algorithm's policy loss
-    (["algorithm=ppo2"], "algorithm: Input should be 'ppo', 'grpo', 'dr_grpo', 'rloo', 'reinforce_pp' or 'gigpo'"),
+    (["algorithm=ppo2"],
+     "algorithm: Input should be 'ppo', 'grpo', 'dr_grpo', 'rloo', 'reinforce_pp', 'gigpo' or 'rae'"),
     (["report_to=[jsonl,mlflow]"], "report_to.1: Input should be 'jsonl', 'tensorboard' or 'wandb'"),
     (["actor.lr=abc"], "actor.lr: Input should be a valid number"),
     (["rollout.n_env=2.5"], "rollout.n_env: Input should be a valid integer"),
@@ -62,7 +63,7 @@ BAD = [  # overrides of the toy recipe -> the line of the error that names the k
     (["env.kwargs={stones: 3"], "override env.kwargs: '{stones: 3' is not valid YAML"),
     (["task.source=horizonrl.tasks.arithmetic:make_task"],
      "algorithm: agent-loop tasks (task:) train with a group algorithm (grpo, dr_grpo, rloo, reinforce_pp, "
-     "gigpo), not ppo"),
+     "gigpo, rae), not ppo"),
     (["algorithm=grpo", "task.source=horizonrl.tasks.arithmetic:make_task"],
      "task.teacher: is needed to build a tiny model for a task (or set model.path)"),
     (["algorithm=grpo", "task.source=horizonrl.tasks.arithmetic:make_task", "task.teacher=null", "model.path=x",

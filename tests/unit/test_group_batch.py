@@ -1,6 +1,7 @@
 """group_advantages_to_tokens (train/batch.py): each episode's group advantage on exactly the sampled
 tokens of that episode's rows, its outcome reward as the return there, and 0 everywhere else; and
-gigpo_advantages_to_tokens: each turn's own advantage on that turn's tokens, inside merged rows too.
+gigpo_advantages_to_tokens: each turn's own advantage on that turn's tokens, inside merged rows too;
+rae_advantages_to_tokens: each episode's return less its seat's moving baseline.
 
 The batch is built as `train.batch.prepare` builds it, without networks. Expected tensors are written
 out by hand: the loss-mask pattern of every row as a literal, the advantages worked out in comments.
@@ -17,7 +18,8 @@ from horizonrl.samples.per_turn import per_turn
 from horizonrl.samples.tensors import Rows, TurnIndex
 from horizonrl.config import GiGPOConfig
 from horizonrl.train.batch import PPOBatch
-from horizonrl.train.group import gigpo_advantages_to_tokens, group_advantages_to_tokens
+from horizonrl.algos.rae import RoleBaselines
+from horizonrl.train.group import gigpo_advantages_to_tokens, group_advantages_to_tokens, rae_advantages_to_tokens
 
 torch.set_num_threads(1)
 
@@ -166,3 +168,34 @@ def test_gigpo_refuses_turns_without_a_state_key():
     batch = as_batch(episodes(), per_turn(episodes()))
     with pytest.raises(ValueError, match="gigpo needs every turn's state_key"):
         gigpo_advantages_to_tokens(batch, GiGPOConfig())
+
+
+def seated_episodes() -> list[Episode]:
+    """episodes() as games of one task: e0, e2 and e4 played seat 0, e1 and e3 seat 1."""
+    eps = episodes()
+    for e in eps:
+        for t in e.turns:
+            t.seat = 0 if e.episode_id in ("e0", "e2", "e4") else 1
+    return eps
+
+
+def test_rae_puts_each_episodes_return_less_its_seats_moved_baseline_on_its_tokens():
+    """decay 0.5, baselines from 0. Seat 0 (e0, e2, e4: 6, 2, 1, mean 3): b = 0.5 * 0 + 0.5 * 3 = 1.5, so
+    4.5, 0.5, -0.5; seat 1 (e1, e3: 1, 0.5, mean 0.75): b = 0.375, so 0.625, 0.125. A second batch of the same
+    returns moves them to 0.5 * 1.5 + 0.5 * 3 = 2.25 and 0.5 * 0.375 + 0.5 * 0.75 = 0.5625."""
+    baselines = RoleBaselines(decay=0.5)
+    batch = as_batch(seated_episodes(), merge_turns(seated_episodes(), None, None, None)[0])
+    stats = rae_advantages_to_tokens(batch, baselines, per_seat=True)
+    torch.testing.assert_close(batch.rows.advantages, merged_rows(4.5, 0.625, 0.5, 0.125, -0.5))
+    assert torch.equal(batch.rows.returns, merged_rows(*REWARDS))
+    assert stats == {"rae/baseline/t/seat0": 1.5, "rae/baseline/t/seat1": 0.375}
+    rae_advantages_to_tokens(as_batch(seated_episodes(), per_turn(seated_episodes())), baselines, per_seat=True)
+    assert baselines.state_dict() == {"t/seat0": 2.25, "t/seat1": 0.5625}
+
+
+def test_rae_without_role_conditioning_shares_one_baseline_across_the_seats():
+    """per_seat false: the five returns 6, 1, 2, 0.5, 1 (mean 2.1) move one baseline to 1.05."""
+    baselines = RoleBaselines(decay=0.5)
+    batch = as_batch(seated_episodes(), per_turn(seated_episodes()))
+    assert rae_advantages_to_tokens(batch, baselines, per_seat=False) == {"rae/baseline/t": pytest.approx(1.05)}
+    torch.testing.assert_close(batch.rows.advantages, per_turn_rows(4.95, -0.05, 0.95, -0.55, -0.05))

@@ -28,7 +28,9 @@ class AlgorithmSpec:
     critic: bool = False            # a value model: a critic warmup (iteration 0), per-token rewards (the KL in the
     #                                 reward, ppo.kl_coef) and dual-discount GAE (algos/advantages.py)
     step_credit: bool = False       # reads each turn's env state_key (algos/gigpo.py): an env, not a task
-    estimator: str | None = None    # the outcome estimator of algos/group.py; None: none (ppo) or configured (gigpo)
+    estimator: str | None = None    # the outcome estimator of algos/group.py; None: none (ppo), configured (gigpo)
+    #                                 or a role's baseline (rae)
+    role_baseline: bool = False     # the outcome against its role's moving baseline (algos/rae.py), not a group's
 
 
 REGISTRY: dict[str, AlgorithmSpec] = {
@@ -40,6 +42,8 @@ REGISTRY: dict[str, AlgorithmSpec] = {
                                   estimator="reinforce_pp"),
     "gigpo": AlgorithmSpec(Batches.GROUPS, "GiGPO: the group advantage plus a step advantage among turns from the "
                            "same env state", step_credit=True),
+    "rae": AlgorithmSpec(Batches.GROUPS, "RAE (SPIRAL): the return minus a moving baseline per game and seat",
+                         role_baseline=True),
 }
 ALGORITHMS = tuple(REGISTRY)
 

@@ -32,6 +32,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from horizonrl import envs as env_registry
 from horizonrl import runfolder
 from horizonrl.algos.losses import entropy_coef_at
+from horizonrl.algos.rae import RoleBaselines
 from horizonrl.config import MicroBatchBudget, TrainConfig, dump
 from horizonrl.engines.base import TrainingEngine
 from horizonrl.envs.pool import open_envs
@@ -97,6 +98,11 @@ class RunContext:
         return self.checkpointer.state.progress
 
     @property
+    def role_baselines(self) -> RoleBaselines:
+        """RAE's baseline of each game and seat (algos/rae.py), saved with its checkpoints."""
+        return self.checkpointer.state.role_baselines
+
+    @property
     def pad_id(self) -> int:
         return pad_token_id(self.tokenizer)
 
@@ -152,7 +158,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     shuffle = torch.Generator().manual_seed(cfg.seed)
     sync_check = SyncCheck(served_by(cfg), **cfg.rollout.sync_check.model_dump(), ranks=ranks, sharing=sharing.actor)
     state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, sync_check, critic, critic_opt,
-                          ranks)
+                          ranks, role_baselines=RoleBaselines(cfg.rae.decay))
     if resume is not None:
         first_iteration = state.restore(resume.folder) + 1
     else:

@@ -11,9 +11,10 @@ exactly where the run was (`TrainingState`), written by every rank of a torchrun
                                  torch.distributed.checkpoint shards: they load at any world size
     training_state.safetensors   each rank's RNG states ("rank<r>/rng/torch", ".../rng/cuda/<device>",
                                  ".../rng/shuffle")
-    training_state.json          iteration, world size, the engine's weights version, each rank's
-                                 collector state (env streams), served-policy check (probe rows, floor:
-                                 assembly/sync_check.py) and python and numpy RNG states
+    training_state.json          iteration, world size, the engine's weights version, RAE's baselines
+                                 (algos/rae.py), each rank's collector state (env streams),
+                                 served-policy check (probe rows, floor: assembly/sync_check.py) and
+                                 python and numpy RNG states
 The reference policy is not saved: it is the run's initial policy, reloaded from `init/` (tiny
 model) or from `model.path`, which must still hold the weights the run started from; a resumed run
 loads it, then the checkpoint's weights over it. `horizonrl export` turns a checkpoint into a model
@@ -52,6 +53,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from horizonrl import runfolder
 from horizonrl.config import ConfigError, TrainConfig, dump, load_config
 from horizonrl.engines.base import TrainingEngine
+from horizonrl.algos.rae import RoleBaselines
 from horizonrl.learner.distributed import LOCAL, Ranks, full_state_dict
 from horizonrl.learner.lora import adapter_state, is_peft, merged_parameters, save_adapters
 from horizonrl.rollout.collector import Collector
@@ -180,6 +182,7 @@ class TrainingState:
     critic_opt: torch.optim.Optimizer | None = None
     ranks: Ranks = LOCAL
     progress: Progress = field(default_factory=Progress)
+    role_baselines: RoleBaselines = field(default_factory=RoleBaselines)   # RAE's (algos/rae.py), every rank's
 
     def save(self, run_dir: Path, iteration: int) -> Path:
         """Write checkpoints/iter_<iteration>/ atomically (after fsyncing the run's logs, so they hold
@@ -212,7 +215,7 @@ class TrainingState:
             (folder / "training_state.json").write_text(json.dumps(
                 {"iteration": iteration, "world_size": self.ranks.world_size, "engine": self.engine.state_dict(),
                  "progress": self.progress.state_dict(), "optimizers": sorted(self._stepped()),
-                 "ranks": [m for _, m in everyone]}))
+                 "role_baselines": self.role_baselines.state_dict(), "ranks": [m for _, m in everyone]}))
 
     def restore(self, folder: Path) -> int:
         """Load the state saved in `folder` into these objects, whatever the world size it was saved
@@ -234,6 +237,7 @@ class TrainingState:
         self.engine.sync_weights(self.actor, merged_parameters(self.actor))   # it was built from the initial policy
         self.engine.load_state_dict(meta["engine"])
         self.progress.load_state_dict(meta.get("progress", {"env_steps": 0, "wall_clock_s": 0.0}))
+        self.role_baselines.load_state_dict(meta.get("role_baselines", {}))
         try:
             self.collector.load_state_dict(collector_share(self.collector, [m["collector"] for m in saved], self.ranks))
         except ValueError as error:   # the streams do not match the run's, or an env replays differently

@@ -4,7 +4,8 @@
     score       rows scored by the actor and the reference where a term reads them (phases.needed_scores)
     advantages  the episode's outcome reward against its group (GRPO, Dr.GRPO, RLOO, REINFORCE++:
                 algos/group.py) on every sampled token of the episode; GiGPO adds each turn's discounted return
-                normalised among the group's turns that start in the same env state (algos/gigpo.py)
+                normalised among the group's turns that start in the same env state (algos/gigpo.py); RAE puts
+                it against the moving baseline of its game and seat instead (algos/rae.py)
     update      the actor's clipped surrogate (actor.kl_loss_coef puts a KL to the reference in the loss)
     sync        the engine samples from the updated actor; the served-policy check (assembly/sync_check.py)
     record      metrics.jsonl (and the other sinks), two sample episodes in trajectories.jsonl
@@ -16,14 +17,17 @@ per-token reward, hence no KL in the reward; episodes an env error or a failed a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
 from horizonrl.algos.gigpo import anchor_group_sizes, gigpo_advantages
 from horizonrl.algos.group import broadcast_to_tokens, group_advantages
+from horizonrl.algos.rae import RoleBaselines
 from horizonrl.config import GiGPOConfig
 from horizonrl.learner.distributed import LOCAL, Ranks
 from horizonrl.learner.update import Stats, UpdateStep, minibatch_updates
+from horizonrl.records import Episode
 from horizonrl.train import phases
 from horizonrl.train.batch import PPOBatch, kept_episodes
 from horizonrl.assembly.context import RunContext
@@ -43,10 +47,12 @@ def group_iteration(ctx: RunContext, i: int) -> phases.Iteration:
     ctx.engine.sleep()                                          # a colocated engine frees memory for the update
     clock.lap("rollout")
     batch = phases.score(ctx, kept, critic=None)                # logp_old, logp_ref per token where read
+    step_stats = {}
     if cfg.algorithm_spec.step_credit:                          # + step advantage from turns in the same state
         step_stats = gigpo_advantages_to_tokens(batch, cfg.gigpo, ctx.ranks)
+    elif cfg.algorithm_spec.role_baseline:                      # outcome reward -> against its role's baseline
+        step_stats = rae_advantages_to_tokens(batch, ctx.role_baselines, cfg.rae.per_seat, ctx.ranks)
     else:                                                       # outcome reward -> group advantage per token
-        step_stats = {}
         group_advantages_to_tokens(batch, cfg.algorithm_spec.estimator, ctx.ranks)
     clock.lap("score")
     actor_stats = Stats()
@@ -66,14 +72,36 @@ def group_advantages_to_tokens(batch: PPOBatch, estimator: str, ranks: Ranks = L
     """Outcome advantages of whole episodes (`group_advantages` over their `outcome_reward`, grouped by
     `group_id`, over every rank's episodes: a group lives on one rank, REINFORCE++ whitens over the
     whole batch), broadcast over every sampled token of each episode's rows, stored in the batch's rows."""
+    def against_groups(rewards: torch.Tensor, group_ids: list) -> torch.Tensor:
+        groups = {g: i for i, g in enumerate(dict.fromkeys(group_ids))}
+        return group_advantages(rewards, torch.tensor([groups[g] for g in group_ids], dtype=torch.long,
+                                                      device=rewards.device), estimator)
+    outcome_advantages_to_tokens(batch, [e.group_id for e in batch.episodes], against_groups, ranks)
+
+
+def rae_advantages_to_tokens(batch: PPOBatch, baselines: RoleBaselines, per_seat: bool,
+                             ranks: Ranks = LOCAL) -> dict[str, float]:
+    """RAE's advantage of whole episodes (`RoleBaselines.advantages` over every rank's episodes, each rank moving
+    the same baselines) on every sampled token of each episode's rows; returns each role's baseline after it.
+    A role is the episode's task and, with `per_seat`, its seat (`<task>/seat<s>`; an episode without seats is
+    its task's)."""
+    def role(episode: Episode) -> str:
+        seat = episode.turns[0].seat
+        return episode.task if seat is None or not per_seat else f"{episode.task}/seat{seat}"
+    outcome_advantages_to_tokens(batch, [role(e) for e in batch.episodes], baselines.advantages, ranks)
+    return {f"rae/baseline/{name}": value for name, value in baselines.values.items()}
+
+
+def outcome_advantages_to_tokens(batch: PPOBatch, keys: list, advantage_fn: Callable, ranks: Ranks = LOCAL) -> None:
+    """`advantage_fn(rewards, keys)` of every rank's episodes (their `outcome_reward`, each with its key in `keys`),
+    this rank's share broadcast over every sampled token of each episode's rows and stored in the batch's rows,
+    with the outcome reward as the return."""
     device = batch.rows.loss_mask.device
-    shares = ranks.gather([(e.outcome_reward, e.group_id) for e in batch.episodes])
+    shares = ranks.gather([(e.outcome_reward, key) for e, key in zip(batch.episodes, keys, strict=True)])
     everyone = [pair for share in shares for pair in share]
-    groups = {g: i for i, g in enumerate(dict.fromkeys(g for _, g in everyone))}
     rewards = torch.tensor([r for r, _ in everyone], dtype=torch.float32, device=device)
-    group_index = torch.tensor([groups[g] for _, g in everyone], dtype=torch.long, device=device)
     mine = slice(sum(len(share) for share in shares[:ranks.rank]), None)
-    advantages = group_advantages(rewards, group_index, estimator)[mine][:len(batch.episodes)]
+    advantages = advantage_fn(rewards, [key for _, key in everyone])[mine][:len(batch.episodes)]
     rewards = rewards[mine][:len(batch.episodes)]
     row_episode = torch.zeros(len(batch.samples.input_ids), dtype=torch.long, device=device)
     segment = 0
