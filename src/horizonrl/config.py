@@ -462,6 +462,18 @@ class RAEConfig(Section):
                                              "(no role conditioning: the ablation)")
 
 
+class SelfPlayConfig(Section):
+    """Self-play games (env.kwargs.opponent: self) with a group algorithm: who plays the seat the trained policy does
+    not (rollout/seat_opponents.py): the policy plays seat seed % 2, the opponent the other, and only the policy's
+    seats are trained. Neither set: the policy plays every seat."""
+
+    opponent_model: str | None = Field(None, description="a model folder with the policy's tokenizer (a warm start, "
+                                                         "a checkpoint) that plays the other seat")
+    pool_size: int = Field(0, ge=0, description="> 0: a pool of the policy's past snapshots plays the other seat "
+                                                "(the initial policy first; one member drawn each iteration)")
+    snapshot_every: int = Field(5, gt=0, description="iterations between the snapshots that join the pool")
+
+
 class SFTConfig(Section):
     """`horizonrl sft`: supervised fine-tuning on expert demonstrations (the env's expert_action)."""
 
@@ -571,6 +583,7 @@ class TrainConfig(Section):
     group: GroupConfig = GroupConfig()
     gigpo: GiGPOConfig = GiGPOConfig()
     rae: RAEConfig = RAEConfig()
+    selfplay: SelfPlayConfig = SelfPlayConfig()
     task: TaskConfig | None = None
     sft: SFTConfig = SFTConfig()
     report_to: list[Literal[SINKS]] = Field(["jsonl"], description="metrics sinks; jsonl is always written")
@@ -625,6 +638,28 @@ class TrainConfig(Section):
                     raise InvalidKey("algorithm", f"{self.algorithm} compares turns that start in the same env "
                                                   f"state, and env {env_id!r} has no state_key() "
                                                   "(horizonrl.envs.base.TextEnv)")
+        return self
+
+    @model_validator(mode="after")
+    def _opponents_play_self_play_games(self) -> TrainConfig:
+        """An opponent plays a seat of a game that asks the policy for every seat's move, in the learner's process,
+        in whole-episode groups: one of them, and nowhere else."""
+        from horizonrl.envs.openspiel_games import SELF_PLAY
+
+        selfplay = self.selfplay
+        if selfplay.opponent_model is None and not selfplay.pool_size:
+            return self
+        key = "selfplay.opponent_model" if selfplay.opponent_model is not None else "selfplay.pool_size"
+        if selfplay.opponent_model is not None and selfplay.pool_size:
+            raise InvalidKey(key, "an opponent model and a pool of snapshots exclude each other; set one")
+        if self.task is not None or self.algorithm_spec.batches is not Batches.GROUPS:
+            raise InvalidKey(key, "an opponent plays env episode groups (a group algorithm and an env, not a task)")
+        if self.env.kwargs.get("opponent") != SELF_PLAY:
+            raise InvalidKey(key, f"an opponent plays a seat of a game the policy would play every seat of; set "
+                                  f"env.kwargs.opponent={SELF_PLAY} (got {self.env.kwargs.get('opponent')!r})")
+        if self.rollout.async_training.in_a_process:
+            raise InvalidKey(key, "the opponent's engine lives in the learner's process; a producer process has none "
+                                  "(async_training.producer=thread)")
         return self
 
     @model_validator(mode="after")

@@ -24,6 +24,9 @@ For an OpenSpiel game whose exploitability is computed exactly (policy_table.py:
 results' "games" give the policy's exploitability and the table's coverage, and `policy_table` (`--policy-table
 FILE`) writes the table; with `agent.memory` above 0 the play's prompts hold history the table's do not, and the
 game says so instead of a number.
+`--opponent SPEC` plays an OpenSpiel game's seats apart against an opponent: the env's own (random, mcts:N,
+perfect: envs/opponents.py), or `checkpoint:PATH`, a model folder's policy on an engine of its own, the game in
+self-play mode with the evaluated policy in one seat (rollout/seat_opponents.py).
 """
 
 from __future__ import annotations
@@ -39,13 +42,15 @@ from horizonrl import runfolder
 from horizonrl.config import TrainConfig, apply_overrides, load_config, validate
 from horizonrl.engines.base import SamplingParams
 from horizonrl.envs import check_kwargs
+from horizonrl.envs.openspiel_games import SELF_PLAY
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import precision, resolve_device
 from horizonrl.learner.models import BUILTIN, load_policy, resolve_model_path
 from horizonrl.policy_table import exploitability, policy_table, scored_game
 from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary, game_outcomes
 from horizonrl.rollout.episode_groups import play_seeds
-from horizonrl.rollout.from_config import make_agent, make_engine, sampling_params
+from horizonrl.rollout.from_config import make_agent, make_engine, model_opponent, sampling_params
+from horizonrl.rollout.seat_opponents import CHECKPOINT, NO_OPPONENT, SeatOpponent
 from horizonrl.rollout.seeds import HELD_OUT_START, SEED_BLOCK, held_out_seeds, max_training_episodes
 
 log = logging.getLogger(__name__)
@@ -89,7 +94,8 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
     """Play `episodes` held-out episodes per env and mode; returns the results and the JSON file
     they were written to. `engine_settings`: key=value overrides of the engine that samples (ENGINE_KEYS).
     `table_path`: where the policy table of the one scored game (module docstring) goes. `opponent`: an OpenSpiel
-    game's opponent for this evaluation (envs/opponents.py), each seat played apart (`seat_plays`)."""
+    game's opponent for this evaluation (envs/opponents.py, or checkpoint:PATH), each seat played apart
+    (`seat_plays`)."""
     checkpoint, run_config = resolve_target(target)
     for setting in engine_settings:
         if not setting.startswith(ENGINE_KEYS):
@@ -118,9 +124,11 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
     params = {mode: sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode]) for mode in modes}
     # one engine for every env and mode: each request is seeded, so none depends on what came before;
     # built inside the precision block, which fixes its autocast
+    opponent_model = NO_OPPONENT if opponent is None or not opponent.startswith(CHECKPOINT) else \
+        model_opponent(opponent.removeprefix(CHECKPOINT), tokenizer, cfg.rollout, seed, device)
     with precision(cfg.precision), contextlib.closing(make_engine(model, tokenizer, cfg.rollout, seed,
                                                                 device)) as engine:
-        played = play_envs(cfg, plays, agent, engine, params, seeds, max_steps)
+        played = play_envs(cfg, plays, agent, engine, params, seeds, max_steps, opponent_model)
     for mode, by_env in played.items():
         for env_id, summary in by_env.items():
             results["modes"][mode]["envs"][env_id] = summary
@@ -161,11 +169,13 @@ def scored_policy(model, tokenizer, agent, cfg: TrainConfig, game: str, table_pa
 
 @dataclass(frozen=True)
 class Play:
-    """The episodes of one env to play: how the results name them, the env id and its kwargs."""
+    """The episodes of one env to play: how the results name them, the env id and its kwargs; against a model
+    opponent (checkpoint:PATH), the seat the evaluated policy plays."""
 
     label: str
     env_id: str
     kwargs: dict
+    learner_seat: int | None = None
 
 
 def plays_of(cfg: TrainConfig, env_ids: list[str]) -> list[Play]:
@@ -175,32 +185,38 @@ def plays_of(cfg: TrainConfig, env_ids: list[str]) -> list[Play]:
 
 def seat_plays(cfg: TrainConfig, env_ids: list[str], opponent: str) -> list[Play]:
     """Each OpenSpiel game against `opponent` in each seat apart ("<env id> seat 0", "... seat 1"); ValueError when
-    an env is not such a game or cannot have that opponent."""
+    an env is not such a game or cannot have that opponent. A model opponent (checkpoint:PATH) plays the game in
+    self-play mode, the evaluated policy in the play's seat."""
+    by_model = opponent.startswith(CHECKPOINT)
     plays = []
     for play in plays_of(cfg, env_ids):
         if not play.env_id.startswith("openspiel:"):
             raise ValueError(f"--opponent plays OpenSpiel games (openspiel:<game>); {play.env_id} is not one")
         for seat in (0, 1):
-            kwargs = {**play.kwargs, "opponent": opponent, "seat": seat}
+            kwargs = {**play.kwargs, "opponent": SELF_PLAY if by_model else opponent, "seat": seat}
             check_kwargs(play.env_id, kwargs)
-            plays.append(Play(f"{play.env_id} seat {seat}", play.env_id, kwargs))
+            plays.append(Play(f"{play.env_id} seat {seat}", play.env_id, kwargs, seat if by_model else None))
     return plays
 
 
 def play_envs(cfg: TrainConfig, plays: list[Play], agent, engine, params: dict[str, SamplingParams],
-              seeds: list[int], max_steps: int | None = None) -> dict[str, dict[str, dict]]:
+              seeds: list[int], max_steps: int | None = None,
+              opponent_model: SeatOpponent = NO_OPPONENT) -> dict[str, dict[str, dict]]:
     """Each play's episodes on `seeds` under each of `params` (a name -> sampling parameters), `agent` over
     `engine`: {name: {play label: episode_summary with its "seconds", and a game's "games" (`game_outcomes`)}}.
+    `opponent_model` plays the other seat of the plays that name the policy's (`Play.learner_seat`).
     One pool of envs per play, closed after its episodes. `horizonrl eval` plays the held-out seeds with this,
     and a run's validation (train/validation.py) its validation seeds."""
     played = {name: {} for name in params}
     for play in plays:
+        opponent = NO_OPPONENT if play.learner_seat is None else \
+            SeatOpponent(opponent_model.name, opponent_model.engine, play.learner_seat)
         envs = open_envs(play.env_id, play.kwargs, min(len(seeds), cfg.rollout.n_env), cfg.env.workers,
                          cfg.env.timeout_s)
         try:
             for name, sampling in params.items():
                 started = time.perf_counter()
-                episodes = play_seeds(envs, play.env_id, agent, engine, sampling, seeds, max_steps)
+                episodes = play_seeds(envs, play.env_id, agent, engine, sampling, seeds, max_steps, opponent)
                 outcomes = game_outcomes(episodes)
                 played[name][play.label] = {**episode_summary(episodes), **({"games": outcomes} if outcomes else {}),
                                             "seconds": time.perf_counter() - started}

@@ -27,6 +27,7 @@ class Turn:
     info: dict = field(default_factory=dict)
     state_key: str | None = None        # the env state the turn started from (TextEnv.state_key; GiGPO)
     seat: int | None = None             # the game seat that played the turn (TextEnv.seat); None: no seats
+    policy: str | None = None           # the opponent that played it (rollout/seat_opponents.py); None: the policy
 
 
 @dataclass

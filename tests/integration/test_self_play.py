@@ -29,8 +29,9 @@ def test_an_illegal_move_in_self_play_costs_only_the_offender():
     assert terminated and info["seat_returns"] == [0.0, -1.5] and info["metrics"]["illegal"] == 1.0
 
 
-def scripted_collector(move: str, group_size: int = 2, memory: int = 0):
-    """Whole self-play Kuhn games where every seat always answers `move`, through the real group collector."""
+def scripted_collector(move: str, group_size: int = 2, memory: int = 0, env_id: str = "openspiel:kuhn_poker"):
+    """Whole self-play games (Kuhn poker's by default) where every seat always answers `move`, through the real
+    group collector."""
     from horizonrl.agents.agent import Agent
     from horizonrl.agents.prompt import plan_text
     from horizonrl.assembly.warm_start import build_tiny_for_envs
@@ -41,10 +42,10 @@ def scripted_collector(move: str, group_size: int = 2, memory: int = 0):
     from horizonrl.rollout.episode_groups import EnvEpisodes
     from horizonrl.rollout.groups import GroupCollector
 
-    tokenizer, _ = build_tiny_for_envs([envs.make("openspiel:kuhn_poker")], TinyModel(), seed=0, device="cpu")
-    handles = open_envs("openspiel:kuhn_poker", {"opponent": "self"}, 2, False, 60.0)
+    tokenizer, _ = build_tiny_for_envs([envs.make(env_id)], TinyModel(), seed=0, device="cpu")
+    handles = open_envs(env_id, {"opponent": "self"}, 2, False, 60.0)
     engine = ScriptedEngine(tokenizer, lambda prompt: plan_text("scripted", move))
-    episodes = EnvEpisodes(handles, ["openspiel:kuhn_poker"], Agent(tokenizer, memory=memory), engine,
+    episodes = EnvEpisodes(handles, [env_id], Agent(tokenizer, memory=memory), engine,
                            SamplingParams(max_tokens=32), max_turns=None)
     return GroupCollector(episodes, n_tasks=2, group_size=group_size, seed=0)
 
@@ -60,12 +61,27 @@ def test_every_game_becomes_one_episode_per_seat_grouped_by_seed_and_seat():
         assert episode.turns[0].terminated and episode.outcome_reward in (-2.0, 2.0)
         assert episode.metrics["return"] == episode.outcome_reward
         assert episode.metrics["success"] == float(episode.outcome_reward > 0)
+        outcome = episode.turns[-1].info["metrics"]                    # the seat's, as a one-seat game's
+        assert (outcome["win"], outcome["loss"], outcome["draw"], outcome["illegal"]) == \
+            (float(episode.outcome_reward > 0), float(episode.outcome_reward < 0), 0.0, 0.0)
     seed_groups = {group.rsplit("/", 1)[0] for group in groups}
     assert len(seed_groups) == 2 and sorted(groups) == sorted(f"{g}/seat{seat}" for g in seed_groups for seat in (0, 1))
     assert all(len(members) == 2 for members in groups.values())
     for seed_group in seed_groups:
         seat0, seat1 = groups[f"{seed_group}/seat0"], groups[f"{seed_group}/seat1"]
         assert [e.outcome_reward for e in seat0] == [-e.outcome_reward for e in seat1]   # zero-sum, game by game
+
+
+def test_an_illegal_move_is_the_offending_seats_loss_and_the_others_draw():
+    """Both seats always play a1: seat 0 marks it, seat 1 plays the taken cell and loses -1.5; seat 0 gets 0."""
+    episodes = scripted_collector("a1", env_id="openspiel:tic_tac_toe").collect()
+    assert len(episodes) == 2 * 2 * 2
+    for episode in episodes:
+        seat = episode.turns[-1].seat
+        outcome = episode.turns[-1].info["metrics"]
+        assert episode.outcome_reward == (-1.5 if seat == 1 else 0.0)
+        assert (outcome["win"], outcome["draw"], outcome["loss"], outcome["illegal"]) == \
+            ((0.0, 0.0, 1.0, 1.0) if seat == 1 else (0.0, 1.0, 0.0, 0.0))
 
 
 def test_self_play_prompts_with_history_are_refused_naming_agent_memory():

@@ -46,8 +46,9 @@ from horizonrl.learner.update import LossFn, actor_loss_fn, critic_loss_fn
 from horizonrl.plan import GIB, auto_token_budget
 from horizonrl.report.sinks import MetricsSinks
 from horizonrl.rollout.collector import Collector
-from horizonrl.rollout.from_config import make_agent, make_engine
+from horizonrl.rollout.from_config import make_agent, make_engine, make_seat_opponent
 from horizonrl.rollout.producer import Producer
+from horizonrl.rollout.seat_opponents import NO_OPPONENT, SeatOpponent
 from horizonrl.runstate.budget import Progress
 from horizonrl.runstate.checkpoint import (Checkpointer, ResumePoint, StopSignals, TrainingState, initial_policy_path,
                                         save_checkpoint)
@@ -68,7 +69,8 @@ class RunContext:
     `micro_batch_budget`: what one forward/backward pass of the learner may hold (`micro_batch_budget`).
     `splits_explained`: the run was told why its merged rows split (train/phases.py explain_splits).
     `sharing`: with optim.shared_prefix, each network's prefix sharing and its counts (`network_sharing`).
-    `sync_check`: the served-policy check after each weight sync (assembly/sync_check.py)."""
+    `sync_check`: the served-policy check after each weight sync (assembly/sync_check.py).
+    `opponent`: who plays the seat of a self-play game the policy does not (`selfplay`, rollout/seat_opponents.py)."""
 
     cfg: TrainConfig
     run_dir: Path
@@ -91,6 +93,7 @@ class RunContext:
     ranks: Ranks = LOCAL
     splits_explained: bool = False
     sharing: NetworkSharing = UNSHARED
+    opponent: SeatOpponent = NO_OPPONENT
 
     @property
     def progress(self) -> Progress:
@@ -137,6 +140,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
             if cfg.rollout.engine_spec.samples_learner_module else actor
     else:
         actor, critic, reference, sampled = local_networks(cfg, policy, device)
+    opponent = NO_OPPONENT                               # a producer process has none (config.py)
     if cfg.rollout.async_training.in_a_process:          # the engine and envs are the producer process's
         collector = ProducerProcess(cfg, tokenizer, sampled, ranks)
         engine = collector.engine
@@ -145,7 +149,8 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
         loads_tensors = wrapped and not cfg.rollout.engine_spec.samples_learner_module
         engine = make_engine(sampled, tokenizer, cfg.rollout, cfg.seed, device, run_dir / runfolder.ENGINE_WEIGHTS,
                              merged_parameters(actor) if loads_tensors else None)
-        collector = make_collector(cfg, tokenizer, engine, sampled, envs, ranks)
+        opponent = make_seat_opponent(cfg, tokenizer, actor, device)
+        collector = make_collector(cfg, tokenizer, engine, sampled, envs, ranks, opponent)
         if cfg.rollout.async_training.max_staleness:   # an hf engine samples from a copy of its own
             collector = Producer(collector, cfg.rollout.async_training.max_staleness,
                                  lambda: engine.weights_version, lambda: engine.in_flight_at_sync)
@@ -171,7 +176,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
                       micro_batch_budget(cfg, device, ranks.world_size,
                                          None if sharing.actor is None else sharing.actor.window),
                       first_iteration,
-                      critic, critic_opt, critic_loss, ranks, sharing=sharing)
+                      critic, critic_opt, critic_loss, ranks, sharing=sharing, opponent=opponent)
 
 
 def network_sharing(cfg: TrainConfig, actor, critic: ValueModel | None, reference, ranks: Ranks) -> NetworkSharing:

@@ -34,10 +34,8 @@ import random
 import pyspiel
 
 from horizonrl.envs.base import Instruction, state_digest
-from horizonrl.envs.openspiel_games import OUTCOMES, TEXTS, GameText
+from horizonrl.envs.openspiel_games import SELF_PLAY, TEXTS, GameText, outcome_metrics
 from horizonrl.envs.opponents import Opponent, make_opponent
-
-SELF_PLAY = "self"   # the opponent spec of self-play: the policy plays every seat
 
 
 class OpenSpielEnv:
@@ -130,9 +128,7 @@ class OpenSpielEnv:
         return min(max((result - low) / (high - low), 0.0), 1.0)
 
     def outcome(self, result: float, illegal: bool = False) -> dict:
-        happened = (result > 0, result == 0 and not illegal, result < 0, illegal)
-        metrics = {name: float(value) for name, value in zip(OUTCOMES, happened, strict=True)}
-        return {"success": result > 0, "progress": self.progress(result), "metrics": metrics}
+        return {"success": result > 0, "progress": self.progress(result), "metrics": outcome_metrics(result, illegal)}
 
     def self_play_outcome(self, returns: list[float], illegal: bool = False) -> dict:
         """The end of a self-play game: every seat's return; success when the first seat won."""
@@ -152,8 +148,10 @@ class OpenSpielEnv:
         self.state, self.seat = state, state.current_player()
 
     def expert_reason(self) -> str:
-        """The expert's reason at the current state: the legal moves it picks from."""
-        return f"legal moves: {', '.join(self.legal_names())}; I pick one"
+        """The expert's reason at the current state: the game's recap, where it has one (what the move depends on),
+        and the legal moves it picks from."""
+        legal = f"legal moves: {', '.join(self.legal_names())}; I pick one"
+        return legal if self.text.recap is None else f"{self.text.recap(self.state, self.seat)}; {legal}"
 
     def expert_action(self) -> tuple[str, str]:
         """A random legal move (the format-only warm start), with `expert_reason`."""

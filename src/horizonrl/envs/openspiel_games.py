@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+SELF_PLAY = "self"   # the opponent spec of self-play: the policy plays every seat
 OUTCOMES = ("win", "draw", "loss", "illegal")   # the metrics a game's last step reports, 1 for the one that happened
 KUHN_CARDS = ("Jack", "Queen", "King")
 LEDUC_RANKS = ("Jack", "Queen", "King")        # OpenSpiel's card c has rank c // 2 (two suits)
@@ -29,11 +30,18 @@ LEDUC_MOVES = {0: "folded", 1: "called", 2: "raised"}
 KUHN_MOVES = {"p": "passed", "b": "bet"}
 
 
+def outcome_metrics(result: float, illegal: bool = False) -> dict[str, float]:
+    """A seat's `OUTCOMES` (1 for those that happened) from its return: a loss is any negative return."""
+    happened = (result > 0, result == 0 and not illegal, result < 0, illegal)
+    return {name: float(value) for name, value in zip(OUTCOMES, happened, strict=True)}
+
+
 @dataclass(frozen=True)
 class GameText:
     """How one OpenSpiel game reads as text: what the agent is told (`intro`, `mission`, `moves` with a line each,
     `tips`), the name of each action id (`move_names`, indexed by id), and `describe(state, seat)`: what the seat
-    knows, as text."""
+    knows, as text. `recap(state, seat)`, where a game has one, says in a few words what the seat's move depends
+    on (its card and the moves so far): the warm start's reason begins with it (OpenSpielEnv.expert_reason)."""
 
     intro: str
     mission: str
@@ -42,6 +50,7 @@ class GameText:
     describe: Callable[[object, int], str]
     tips: list[str] = field(default_factory=list)
     symbols: str = ""
+    recap: Callable[[object, int], str] | None = None
 
 
 def seat_line(seat: int) -> str:
@@ -54,11 +63,21 @@ def by_whom(index: int, first: int, seat: int) -> str:
     return "you" if (first + index) % 2 == seat else "the opponent"
 
 
-def kuhn(state, seat: int) -> str:
+def kuhn_facts(state, seat: int) -> tuple[str, str]:
+    """The seat's card and the moves so far, in words."""
     code = state.information_state_string(seat)         # the seat's card, then p / b per move
     bets = [f"{by_whom(i, 0, seat)} {KUHN_MOVES[move]}" for i, move in enumerate(code[1:])]
-    return "\n".join([seat_line(seat), f"Your card: {KUHN_CARDS[int(code[0])]}.",
-                      f"Moves so far: {', '.join(bets) if bets else 'none'}."])
+    return KUHN_CARDS[int(code[0])], ", ".join(bets) if bets else "none"
+
+
+def kuhn(state, seat: int) -> str:
+    card, moves = kuhn_facts(state, seat)
+    return "\n".join([seat_line(seat), f"Your card: {card}.", f"Moves so far: {moves}."])
+
+
+def kuhn_recap(state, seat: int) -> str:
+    card, moves = kuhn_facts(state, seat)
+    return f"my card: {card}; moves so far: {moves}"
 
 
 def leduc(state, seat: int) -> str:
@@ -104,7 +123,7 @@ TEXTS: dict[str, GameText] = {
                 "unseen); at the showdown the higher card takes the pot",
         move_names=["pass", "bet"],
         moves={"pass": "check, or fold when the opponent has bet", "bet": "add one chip, or call the opponent's bet"},
-        describe=kuhn,
+        describe=kuhn, recap=kuhn_recap,
         tips=["passing after a bet folds: the opponent takes the pot",
               "two passes, or a bet called, go to the showdown"]),
     "leduc_poker": GameText(

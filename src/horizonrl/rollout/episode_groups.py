@@ -11,6 +11,9 @@ An env error closes that episode as in the fixed-turn collector (its metrics car
 estimators leave it out). `collect_seeds` plays given seeds of the first env id, e.g. held-out ones
 (evaluate.py).
 
+In a self-play game, a `SeatOpponent` (rollout/seat_opponents.py) may play a seat with its own engine: its turns
+carry its name and are not trained.
+
 The outcome reward of an episode is `reward_fn(episode)`, which sees the whole Episode — every turn,
 its info and tool results (as ms-swift's reward functions see multi-turn infos); by default the
 episode's return.
@@ -28,6 +31,7 @@ from horizonrl.envs.pool import EnvError
 from horizonrl.errors import ConfigError
 from horizonrl.records import Episode
 from horizonrl.rollout.groups import GroupCollector
+from horizonrl.rollout.seat_opponents import NO_OPPONENT, SeatOpponent
 from horizonrl.rollout.seats import alternates
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 from horizonrl.tools.registry import import_target
@@ -50,11 +54,11 @@ def load_reward_fn(path: str | None) -> RewardFn:
 
 
 def play_seeds(envs: list, env_id: str, agent: Agent, engine: Engine, params: SamplingParams, seeds: list[int],
-               max_turns: int | None) -> list[Episode]:
+               max_turns: int | None, opponent: SeatOpponent = NO_OPPONENT) -> list[Episode]:
     """One whole episode of `env_id` at each of `seeds` (held-out or validation seeds), on the handles `envs`;
     no training seed counter moves."""
-    return GroupCollector(EnvEpisodes(envs, [env_id], agent, engine, params, max_turns), n_tasks=len(seeds),
-                          group_size=1).collect_seeds(seeds)
+    return GroupCollector(EnvEpisodes(envs, [env_id], agent, engine, params, max_turns, opponent=opponent),
+                          n_tasks=len(seeds), group_size=1).collect_seeds(seeds)
 
 
 class EnvEpisodes:
@@ -63,13 +67,14 @@ class EnvEpisodes:
     failures = "env errors in this batch (an episode one ended is left out of its group)"
 
     def __init__(self, envs: list, env_ids: list[str], agent: Agent, engine: Engine, params: SamplingParams,
-                 max_turns: int | None, reward_fn: RewardFn = episode_return):
-        """`envs`: async env handles (horizonrl.envs.pool), at least one per env id; rollouts share them."""
+                 max_turns: int | None, reward_fn: RewardFn = episode_return, opponent: SeatOpponent = NO_OPPONENT):
+        """`envs`: async env handles (horizonrl.envs.pool), at least one per env id; rollouts share them.
+        `opponent`: who plays a self-play game's other seat (rollout/seat_opponents.py)."""
         missing = set(env_ids) - {env.env_id for env in envs}
         if missing:
             raise ValueError(f"no env handle for {', '.join(sorted(missing))}")
         self.envs, self.env_ids, self.agent, self.engine, self.params = envs, env_ids, agent, engine, params
-        self.max_turns, self.reward_fn = max_turns, reward_fn
+        self.max_turns, self.reward_fn, self.opponent = max_turns, reward_fn, opponent
         self._free: dict[str, asyncio.Queue] = {}
 
     def task(self, j: int, seed: int) -> tuple[str, int]:
@@ -104,8 +109,10 @@ class EnvEpisodes:
         episode = Episode(f"{stream.episode_id}/rollout{stream.index}", stream.task, seed,
                           group_id=f"{stream.task}/seed{seed}")
         while True:
+            opponent = self.opponent.plays(stream.env.seat, seed)
             try:
-                turn, observation = await play_turn(stream, self.agent, self.engine, self.params)
+                turn, observation = await play_turn(stream, self.agent, self.opponent.engine if opponent
+                                                    else self.engine, self.params)
             except EnvError as error:
                 note_errors([str(error)], errors)
                 if episode.turns:
@@ -117,6 +124,7 @@ class EnvEpisodes:
                 raise ConfigError(f"agent.memory: {stream.task} gives its turns to every seat (self-play), and a "
                                   f"prompt with history (memory {self.agent.memory}, history {self.agent.history}) "
                                   "would show a seat the other's turns; set agent.memory=0")
+            turn.policy = self.opponent.name if opponent else None
             episode.turns.append(turn)
             if len(episode.turns) == self.max_turns and not turn.terminated:
                 turn.truncated = True

@@ -12,11 +12,14 @@ from pathlib import Path
 import torch
 
 from horizonrl.agents.agent import Agent
-from horizonrl.config import AgentConfig, RolloutConfig
+from horizonrl.config import AgentConfig, RolloutConfig, TrainConfig
 from horizonrl.engines.base import SamplingParams, TrainingEngine
 from horizonrl.engines.hf import HFEngine
+from horizonrl.errors import ConfigError
 from horizonrl.learner.device import autocast_dtype
-from horizonrl.learner.models import pad_token_id, stop_ids
+from horizonrl.learner.lora import merged_parameters
+from horizonrl.learner.models import engine_copy, load_policy, pad_token_id, stop_ids
+from horizonrl.rollout.seat_opponents import NO_OPPONENT, OpponentPool, SeatOpponent
 
 
 def make_agent(tokenizer, agent: AgentConfig) -> Agent:
@@ -73,6 +76,36 @@ def hf_engine(model, tokenizer, rollout: RolloutConfig, seed: int, device: torch
 
 
 ENGINE_BUILDERS = {"hf": hf_engine, "vllm": vllm_engine, "openai": openai_engine}  # engines/registry.py's names
+
+
+def make_seat_opponent(cfg: TrainConfig, tokenizer, actor, device: torch.device) -> SeatOpponent:
+    """Who plays the seat of a self-play game the trained policy does not (`selfplay`, rollout/seat_opponents.py): a
+    model folder's policy, or a pool of `actor`'s snapshots, each sampled by an hf engine of its own in this process;
+    else no one (the policy plays every seat)."""
+    selfplay = cfg.selfplay
+    if selfplay.opponent_model is not None:
+        return model_opponent(selfplay.opponent_model, tokenizer, cfg.rollout, cfg.seed, device)
+    if not selfplay.pool_size:
+        return NO_OPPONENT
+    copy = engine_copy(actor, autocast_dtype(device) or torch.float32, device)
+
+    def snapshot() -> dict[str, torch.Tensor]:
+        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in merged_parameters(actor)}
+    return OpponentPool(hf_engine(copy, tokenizer, cfg.rollout, cfg.seed + 1, device, None, None), snapshot,
+                        selfplay.pool_size, selfplay.snapshot_every, cfg.seed)
+
+
+def model_opponent(path: str, tokenizer, rollout: RolloutConfig, seed: int, device: torch.device,
+                   learner_seat: int | None = None) -> SeatOpponent:
+    """The policy in the model folder `path` as a seat opponent ("model:<path>"), on an hf engine of its own. It
+    reads the trained policy's prompts and its ids are parsed with the policy's tokenizer: another tokenizer is a
+    ConfigError."""
+    theirs, model = load_policy(path, device)
+    if theirs.get_vocab() != tokenizer.get_vocab():
+        raise ConfigError(f"selfplay.opponent_model: {path} has another tokenizer than the policy's (an opponent "
+                          "reads the policy's prompts, and its ids are parsed with the policy's tokenizer)")
+    return SeatOpponent(f"model:{path}", hf_engine(model, tokenizer, rollout, seed + 1, device, None, None),
+                        learner_seat)
 
 
 def sampling_params(rollout: RolloutConfig, tokenizer, model, agent: Agent,

@@ -2,10 +2,13 @@
 
 An env whose one policy plays every seat (`openspiel:<game>` with `opponent: self`) gives its turns to the seats in
 turn (`Turn.seat`), reward 0 at each step, and each seat's return at the end (`info["seat_returns"]`). `by_seat`
-makes an episode of each seat's turns: its last turn gets the seat's return (on top of its invalid-output penalty),
-its group is the game's group and the seat (`<group id>/seat<s>`: a group estimator compares the seat's games of
-one seed, never one seat with the other), its outcome reward and metrics are the seat's. A game cut before its
-end (an env error, the turn limit) has no returns: each seat's episode keeps the rewards its turns had.
+makes an episode of each seat's turns: its last turn gets the seat's return (on top of its invalid-output penalty)
+and the seat's outcome among the game's metrics (`win`, `draw`, `loss`, `illegal` as a one-seat game reports them:
+envs/openspiel_env.py), its group is the game's group and the seat (`<group id>/seat<s>`: a group estimator
+compares the seat's games of one seed, never one seat with the other), its outcome reward and metrics are the
+seat's. A seat an opponent played (`Turn.policy`, rollout/seat_opponents.py) makes no episode: it is not trained.
+A game cut before its end (an env error, the turn limit) has no returns: each seat's episode keeps the rewards its
+turns had.
 
 What this simplifies: the prompts of a seat must not carry the game's history (the turn before is the other
 seat's), so self-play needs `agent.memory: 0` (the observation spells out the game so far), and PPO's fixed-turn
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from horizonrl.envs.openspiel_games import outcome_metrics
 from horizonrl.records import Episode, Turn
 
 
@@ -26,18 +30,24 @@ def alternates(episode: Episode, turn: Turn) -> bool:
 
 
 def by_seat(episode: Episode) -> list[Episode]:
-    """`episode` as one episode per seat when several seats played it (module docstring), else [episode]."""
+    """`episode` as one episode per seat the policy played when the policy played a game's seats (module
+    docstring), else [episode]."""
     seats = sorted({turn.seat for turn in episode.turns if turn.seat is not None})
-    if len(seats) < 2:
+    last = episode.turns[-1] if episode.turns else None
+    if len(seats) < 2 and (last is None or "seat_returns" not in last.info):
         return [episode]
-    returns = episode.turns[-1].info.get("seat_returns") if episode.finished and "error" not in episode.metrics \
-        else None
+    returns = last.info.get("seat_returns") if episode.finished and "error" not in episode.metrics else None
     out = []
     for seat in seats:
         turns = [dataclasses.replace(turn) for turn in episode.turns if turn.seat == seat]
-        turns[-1].terminated, turns[-1].truncated = episode.turns[-1].terminated, episode.turns[-1].truncated
+        if turns[0].policy is not None:
+            continue
+        turns[-1].terminated, turns[-1].truncated = last.terminated, last.truncated
         if returns is not None:
             turns[-1].reward += returns[seat]
+            illegal = bool(last.info["metrics"].get("illegal")) and last.seat == seat
+            turns[-1].info = {**turns[-1].info, "metrics": {**last.info["metrics"],
+                                                            **outcome_metrics(returns[seat], illegal)}}
         total = sum(turn.reward for turn in turns)
         metrics = {"error": episode.metrics["error"]} if "error" in episode.metrics else {
             "return": total, "length": len(turns), "success": float(returns is not None and returns[seat] > 0),

@@ -7,7 +7,8 @@
                 normalised among the group's turns that start in the same env state (algos/gigpo.py); RAE puts
                 it against the moving baseline of its game and seat instead (algos/rae.py)
     update      the actor's clipped surrogate (actor.kl_loss_coef puts a KL to the reference in the loss)
-    sync        the engine samples from the updated actor; the served-policy check (assembly/sync_check.py)
+    sync        the engine samples from the updated actor; the served-policy check (assembly/sync_check.py); a
+                pool of past snapshots (selfplay.pool_size) takes one and draws the next batch's opponent
     record      metrics.jsonl (and the other sinks), two sample episodes in trajectories.jsonl
 
 What it simplifies: an episode's advantage is one number on all of its tokens (GiGPO's, one a turn); there is no
@@ -59,6 +60,7 @@ def group_iteration(ctx: RunContext, i: int) -> phases.Iteration:
     minibatch_updates(batch.rows, optim.mini_batch_size, ctx.micro_batch_budget, optim.epochs, ctx.shuffle,
                       [UpdateStep(ctx.actor_opt, ctx.actor_loss(i), optim.grad_clip, actor_stats)], ctx.ranks)
     probe = phases.sync_engine(ctx)
+    step_stats.update(ctx.opponent.after_update(i))             # a pool of snapshots: the next batch's opponent
     clock.lap("update")
     outcome_sum, n_kept = ctx.ranks.sum([sum(e.outcome_reward for e in kept), len(kept)])
     outcome = outcome_sum / max(n_kept, 1)

@@ -1,0 +1,78 @@
+"""Another policy in a seat of a self-play game: a model from a folder, or a pool of the trained policy's past
+snapshots (SPIRAL's opponent pool).
+
+A game whose every seat asks the policy for its move (`openspiel:<game>` with `opponent: self`) is played by the
+trained policy in seat `seed % 2` (so a run's seeds play both seats, as `seat: alternate` does) and by the opponent
+in the other; `learner_seat` fixes the trained policy's seat instead (`horizonrl eval --opponent checkpoint:PATH`
+plays each seat apart). The opponent samples from an engine of its own over the same prompts and tokenizer; its
+turns carry its name (`Turn.policy`) and make no episode (rollout/seats.py): only the policy's seats are trained.
+
+`OpponentPool`: the initial policy is the pool's first member; every `snapshot_every` iterations the trained
+weights join it (the oldest member leaves once it holds `size`), and after each iteration one member, drawn
+uniformly (seeded by the run's seed and the iteration), plays the next batch's games.
+
+What it simplifies: one pool member plays a whole batch (SPIRAL draws per game), so one engine holds the
+opponent's weights; the pool is kept in memory and not checkpointed: a resumed run's pool starts again from the
+restored policy.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from horizonrl.engines.base import Engine
+
+
+CHECKPOINT = "checkpoint:"   # `horizonrl eval --opponent checkpoint:PATH`: the model folder PATH as the opponent
+
+
+class SeatOpponent:
+    """`name` plays one seat of every game with `engine` (module docstring)."""
+
+    def __init__(self, name: str, engine: Engine, learner_seat: int | None = None):
+        self.name, self.engine, self.learner_seat = name, engine, learner_seat
+
+    def plays(self, seat: int | None, seed: int) -> bool:
+        """Whether this opponent plays `seat` in the game of `seed`."""
+        learner = seed % 2 if self.learner_seat is None else self.learner_seat
+        return seat is not None and seat != learner
+
+    def after_update(self, iteration: int) -> dict[str, float]:
+        """What changes after training iteration `iteration`: nothing for a fixed model; its metrics."""
+        return {}
+
+
+class NoOpponent(SeatOpponent):
+    """The trained policy plays every seat."""
+
+    def __init__(self):
+        super().__init__("", None)
+
+    def plays(self, seat: int | None, seed: int) -> bool:
+        return False
+
+
+NO_OPPONENT = NoOpponent()
+Snapshot = dict[str, torch.Tensor]
+
+
+class OpponentPool(SeatOpponent):
+    def __init__(self, engine: Engine, snapshot: Callable[[], Snapshot], size: int, snapshot_every: int, seed: int):
+        """`engine`: the one that plays the drawn member (it starts with the initial policy's weights);
+        `snapshot()`: the trained policy's weights now, each tensor a copy on the CPU."""
+        self.snapshot, self.size, self.snapshot_every, self.seed = snapshot, size, snapshot_every, seed
+        self.members: list[tuple[str, Snapshot]] = [("pool/iter0", snapshot())]
+        super().__init__(self.members[0][0], engine)
+
+    def after_update(self, iteration: int) -> dict[str, float]:
+        """Take a snapshot when `iteration` is due, then put a drawn member in the engine; returns the pool's size
+        and the drawn member's iteration."""
+        if iteration % self.snapshot_every == 0:
+            self.members = [*self.members, (f"pool/iter{iteration}", self.snapshot())][-self.size:]
+        self.name, weights = random.Random(f"pool {self.seed} {iteration}").choice(self.members)
+        self.engine.sync_weights(None, weights.items())
+        return {"selfplay/pool_size": len(self.members),
+                "selfplay/opponent_iteration": float(self.name.removeprefix("pool/iter"))}
