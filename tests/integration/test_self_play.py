@@ -104,3 +104,24 @@ def test_ppo_streams_refuse_a_self_play_game_and_a_group_estimator_trains_it(tmp
                                                            "group.group_size=4", f"output_dir={tmp_path / 'grpo'}"])
     (record,) = read_metrics(train(grpo, progress=False) / "metrics.jsonl")
     assert record["env/episodes"] == 2 * 4 * 2 and record["train/actor/skipped_updates"] == 0
+
+
+def test_validation_scores_a_poker_policy_by_its_exploitability(tmp_path):
+    """Validation of a Kuhn self-play run measures the policy's exploitability at iterations 0 and 1; the lower keeps
+    best/ (the score is minus it), and the report draws its curve."""
+    import json
+
+    from horizonrl.train.loop import train
+
+    cfg = load_config(str(SOURCE_CONFIGS / "toy.yaml"), [
+        "env.id=openspiel:kuhn_poker", "env.kwargs={opponent: self}", "agent.memory=0", "iterations=1",
+        "model.warm_start=null", "rollout.n_env=4", "algorithm=grpo", "group.n_tasks=2", "group.group_size=4",
+        "validation.every=1", "validation.episodes=2", f"output_dir={tmp_path}"])
+    run = train(cfg, progress=False)
+    lines = [json.loads(line) for line in (run / "validation.jsonl").read_text().splitlines()]
+    assert [line["iteration"] for line in lines] == [0, 1]
+    for line in lines:
+        assert 0.0 <= line["exploitability"]["kuhn_poker"] <= 2.0
+        assert line["score"] == -line["exploitability"]["kuhn_poker"]
+    assert lines[1]["best"] == (lines[1]["score"] >= lines[0]["score"])
+    assert 'data-key="validation/validation: exploitability (kuhn_poker)"' in (run / "report.html").read_text()

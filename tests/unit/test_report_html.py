@@ -39,3 +39,18 @@ def test_page_has_every_curve_and_the_turn_with_escaped_tokens():
 def test_no_trajectories_and_no_metrics_still_make_a_page():
     page = render_report("empty", "grpo", [], [], "")
     assert page.count("no data") == len(PLOTS) and "no trajectories" in page
+
+
+def test_validations_add_the_greedy_success_and_each_scored_games_exploitability():
+    """Three validations; the last, of an older run's format, has no exploitability: its game curve has 2 points,
+    at the y labels' extremes 0.47 and 0.2."""
+    validations = [{"iteration": 0, "success_rate": 0.5, "exploitability": {"kuhn_poker": 0.47}},
+                   {"iteration": 10, "success_rate": 0.25, "exploitability": {"kuhn_poker": 0.2}},
+                   {"iteration": 20, "success_rate": 0.75}]
+    page = render_report("run", "grpo", METRICS, [], "", validations)
+    figures = dict(f.split('"', 1) for f in page.split('<figure data-key="')[1:])
+    success, game = figures["validation/validation: greedy success"], \
+        figures["validation/validation: exploitability (kuhn_poker)"]
+    assert success.split('points="')[1].split('"')[0].count(",") == 3
+    assert game.split('points="')[1].split('"')[0].count(",") == 2 and ">0.47<" in game and ">0.2<" in game
+    assert "validation/" not in render_report("run", "grpo", METRICS, [], "")

@@ -19,7 +19,7 @@ def test_iteration_0_every_fifth_and_the_last_validate(tmp_path):
 
 
 def test_a_resumed_run_keeps_the_validations_before_its_first_iteration(tmp_path):
-    lines = [{"iteration": i, "success_rate": rate, "envs": {}, "best": best}
+    lines = [{"iteration": i, "success_rate": rate, "envs": {}, "exploitability": {}, "score": rate, "best": best}
              for i, rate, best in ((0, 0.5, True), (5, 0.75, True), (10, 0.25, False), (15, 0.875, True))]
     (tmp_path / VALIDATIONS).write_text("".join(json.dumps(line) + "\n" for line in lines))
     validation = Validation(CFG, tmp_path, first_iteration=15)   # resumed from the checkpoint of iteration 14

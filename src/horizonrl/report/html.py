@@ -7,7 +7,8 @@ iteration 0 of a PPO run (the critic warmup: episodes of the untrained policy) i
 Training statistics (`train/*`) only for records of the training phase (`phase` == the run's
 algorithm): a warmup record's `train/critic/*` average critic-only passes, not one iteration. A value
 logged as null (no episode finished) is left out; a metric the run never logs (value loss without a
-critic) gives a plot that says "no data".
+critic) gives a plot that says "no data". A run with validation (validation.jsonl, train/validation.py) adds its
+greedy success and, for a poker game OpenSpiel scores, the policy's exploitability at each validation.
 
 Trajectories. Every sampled episode of at most `MAX_ITERATIONS` iterations, evenly spaced with the
 first and the last included, in collapsible <details> (the last iteration open); each turn shows its
@@ -69,14 +70,32 @@ def task_plots(metrics: list[dict]) -> list[tuple[str, str]]:
     return [(f"success rate: {key.removeprefix('env/').removesuffix('/success_rate')}", key) for key in keys]
 
 
+def validation_figures(validations: list[dict]) -> str:
+    """The validation curves (module docstring): none for a run without validation."""
+    if not validations:
+        return ""
+    iterations = [line["iteration"] for line in validations]
+    curves = [("validation: greedy success", [line["success_rate"] for line in validations])]
+    scored = [line.get("exploitability", {}) for line in validations]     # lines of older runs have none
+    for game in dict.fromkeys(game for games in scored for game in games):
+        curves.append((f"validation: exploitability ({game})", [games.get(game) for games in scored]))
+    figures = []
+    for title, values in curves:
+        points = [(x, y) for x, y in zip(iterations, values) if _is_number(y)]
+        figures.append(f'<figure data-key="validation/{escape(title)}">'
+                       f'{line_plot([x for x, _ in points], [y for _, y in points], title)}</figure>')
+    return "".join(figures)
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def render_report(name: str, algorithm: str, metrics: list[dict], trajectories: list[dict], config_text: str) -> str:
+def render_report(name: str, algorithm: str, metrics: list[dict], trajectories: list[dict], config_text: str,
+                  validations: list[dict] = ()) -> str:
     """The whole page as a string."""
     figures = "".join(f'<figure data-key="{escape(key)}">{line_plot(*series(metrics, key, algorithm), title)}</figure>'
-                      for title, key in PLOTS + task_plots(metrics))
+                      for title, key in PLOTS + task_plots(metrics)) + validation_figures(list(validations))
     warmup = any(r.get("phase") == "critic_warmup" for r in metrics)
     note = " Iteration 0 is the critic warmup (episodes of the untrained policy)." if warmup else ""
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(name)}</title>'
@@ -147,8 +166,9 @@ def write_report(run_dir: Path) -> Path:
     run_dir = Path(run_dir)
     config_text = (run_dir / runfolder.CONFIG).read_text()
     algorithm = yaml.safe_load(config_text).get("algorithm", "ppo")
-    metrics, trajectories = ([] if not (run_dir / f).exists() else read_metrics(run_dir / f)
-                             for f in (runfolder.METRICS, runfolder.TRAJECTORIES))
+    metrics, trajectories, validations = ([] if not (run_dir / f).exists() else read_metrics(run_dir / f)
+                                          for f in (runfolder.METRICS, runfolder.TRAJECTORIES, runfolder.VALIDATIONS))
     path = run_dir / "report.html"
-    path.write_text(render_report(run_dir.name, algorithm, metrics, trajectories, config_text), encoding="utf-8")
+    path.write_text(render_report(run_dir.name, algorithm, metrics, trajectories, config_text, validations),
+                    encoding="utf-8")
     return path
