@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from horizonrl.envs import gem_games, openspiel_games
+from horizonrl.envs import gem_games, openspiel_games, textarena_games
 from horizonrl.envs.base import Instruction, TextEnv
 
 
@@ -99,6 +99,9 @@ REGISTRY.update({f"openspiel:{game}": EnvSpec("horizonrl.envs.openspiel_env:Open
                                               f"OpenSpiel: {text.intro.removeprefix('You are playing ')} (opponent= "
                                               "random, mcts:N, perfect or self; seat= 0, 1 or alternate)", "games")
                  for game, text in openspiel_games.TEXTS.items()})
+REGISTRY.update({f"textarena:{game}": EnvSpec("horizonrl.envs.textarena_env:TextArenaEnv", {"game": game},
+                                              f"TextArena: {about} (self-play; window= messages kept)", "games")
+                 for game, (about, _) in textarena_games.GAMES.items()})
 
 
 def register(env_id: str, factory: str | Callable[..., TextEnv], description: str = "", **kwargs) -> None:

@@ -25,8 +25,13 @@ An env speaks text: observations are strings, actions are names from `env.action
 from __future__ import annotations
 
 import hashlib
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -71,3 +76,25 @@ def state_digest(*parts: Any) -> str:
     """A 32-hex-digit digest of `parts` (ints, strings, bytes and tuples of them: their repr is the same in
     every process), the state key of an env whose state they are."""
     return hashlib.blake2b(repr(parts).encode(), digest_size=16).hexdigest()
+
+
+class PrivateRandom:
+    """The process-wide `random` and `np.random` streams of one game, for a library that seeds and draws from them
+    (GEM, TextArena): inside `with private():` the game's own streams are in place and the process's set aside, so
+    an episode depends only on its seed and training's random draws are never moved."""
+
+    def __init__(self):
+        self.state: tuple[Any, Any] | None = None   # the game's own (random, np.random) states
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        saved = random.getstate(), np.random.get_state()
+        if self.state is not None:
+            random.setstate(self.state[0])
+            np.random.set_state(self.state[1])
+        try:
+            yield
+        finally:
+            self.state = random.getstate(), np.random.get_state()
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])

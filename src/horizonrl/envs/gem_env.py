@@ -25,15 +25,11 @@ Hanoi (the shortest solution from the current position).
 from __future__ import annotations
 
 import itertools
-import random
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import gem
-import numpy as np
 
-from horizonrl.envs.base import Instruction, state_digest
+from horizonrl.envs.base import Instruction, PrivateRandom, state_digest
 from horizonrl.envs.gem_games import refusal
 
 DIRECTIONS = ["up", "down", "left", "right"]
@@ -120,7 +116,7 @@ class GemGame:
         self.game_id = game
         self._game = None
         self._actions: list[str] = []
-        self._rng: tuple[Any, Any] | None = None   # the game's own (random, np.random) states
+        self._private_random = PrivateRandom()
         self._suffix = ""
         self._seed: int | None = None
         self._return = 0.0
@@ -132,20 +128,6 @@ class GemGame:
     def _make(self):
         with self._private_random():
             return gem.make(f"game:{self.game_id}")
-
-    @contextmanager
-    def _private_random(self) -> Iterator[None]:
-        """Run a call into GEM on the game's own `random` and `np.random` streams, the process's set aside."""
-        saved = random.getstate(), np.random.get_state()
-        if self._rng is not None:
-            random.setstate(self._rng[0])
-            np.random.set_state(self._rng[1])
-        try:
-            yield
-        finally:
-            self._rng = random.getstate(), np.random.get_state()
-            random.setstate(saved[0])
-            np.random.set_state(saved[1])
 
     @property
     def unwrapped(self):

@@ -34,7 +34,7 @@ import random
 import pyspiel
 
 from horizonrl.envs.base import Instruction, state_digest
-from horizonrl.envs.openspiel_games import SELF_PLAY, TEXTS, GameText, outcome_metrics
+from horizonrl.envs.openspiel_games import SELF_PLAY, TEXTS, GameText, outcome_metrics, self_play_end
 from horizonrl.envs.opponents import Opponent, make_opponent
 
 
@@ -109,7 +109,7 @@ class OpenSpielEnv:
             message = f"{action} is not a legal move here (legal: {', '.join(self.legal_names())}): you lose the game."
             if self.opponent is None:
                 returns = [self.illegal_reward if seat == self.seat else 0.0 for seat in range(2)]
-                return message, 0.0, True, False, self.self_play_outcome(returns, illegal=True)
+                return message, 0.0, True, False, self_play_end(returns, True, self.progress(returns[0]))
             return message, self.illegal_reward, True, False, self.outcome(self.illegal_reward, illegal=True)
         mover = self.seat
         self.state.apply_action(move)
@@ -118,7 +118,8 @@ class OpenSpielEnv:
             return self.render(), 0.0, False, False, {}
         if self.opponent is None:
             self.seat = mover
-            return self.render(), 0.0, True, False, self.self_play_outcome(self.state.returns())
+            returns = self.state.returns()
+            return self.render(), 0.0, True, False, self_play_end(returns, False, self.progress(returns[0]))
         result = self.state.returns()[self.seat]
         return self.render(), float(result), True, False, self.outcome(result)
 
@@ -129,13 +130,6 @@ class OpenSpielEnv:
 
     def outcome(self, result: float, illegal: bool = False) -> dict:
         return {"success": result > 0, "progress": self.progress(result), "metrics": outcome_metrics(result, illegal)}
-
-    def self_play_outcome(self, returns: list[float], illegal: bool = False) -> dict:
-        """The end of a self-play game: every seat's return; success when the first seat won."""
-        metrics = {"first_seat_win": float(returns[0] > 0 and not illegal),
-                   "draw": float(all(r == 0 for r in returns) and not illegal), "illegal": float(illegal)}
-        return {"success": returns[0] > 0, "progress": self.progress(returns[0]), "metrics": metrics,
-                "seat_returns": [float(r) for r in returns]}
 
     def state_key(self) -> str:
         perfect = self.game.get_type().information == pyspiel.GameType.Information.PERFECT_INFORMATION

@@ -36,6 +36,15 @@ def outcome_metrics(result: float, illegal: bool = False) -> dict[str, float]:
     return {name: float(value) for name, value in zip(OUTCOMES, happened, strict=True)}
 
 
+def self_play_end(returns: list[float], illegal: bool, progress: float) -> dict:
+    """The info of a self-play game's last step: every seat's return (rollout/seats.py), success when the first seat
+    won, and the game's metrics."""
+    metrics = {"first_seat_win": float(returns[0] > 0 and not illegal),
+               "draw": float(all(r == 0 for r in returns) and not illegal), "illegal": float(illegal)}
+    return {"success": returns[0] > 0, "progress": progress, "metrics": metrics,
+            "seat_returns": [float(r) for r in returns]}
+
+
 @dataclass(frozen=True)
 class GameText:
     """How one OpenSpiel game reads as text: what the agent is told (`intro`, `mission`, `moves` with a line each,
