@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, ValidationInfo,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, ValidationError,
+                      ValidationInfo, model_validator)
 
 from horizonrl import runfolder
 from horizonrl.algos.registry import ALGORITHMS, AlgorithmSpec, Batches, algorithm
@@ -510,12 +510,18 @@ class TaskConfig(Section):
                                                        'the OpenAI API at base_url, trained through the gateway '
                                                        '(gateway/agent_groups.py) instead of the agent loop')
     agent_timeout_s: float = Field(300.0, gt=0, description="an agent running longer is stopped and dropped")
+    agents: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$")]] = Field(
+        [], description="the names of the agents of a program of several (task.agent): each calls on its own URL "
+                        "(gateway/agent_groups.py agent_url) and is trained on its own calls and reward")
 
     @model_validator(mode="after")
     def _agent_runs_its_own_tools(self) -> TaskConfig:
         if self.agent is not None and (self.tools or self.interaction is not None):
             raise InvalidKey("agent", "runs its own tools and conversation: task.tools and task.interaction are "
                                       "for horizonrl's agent loop, leave them out")
+        if self.agents and (self.agent is None or len(set(self.agents)) != len(self.agents)):
+            raise InvalidKey("agents", "names the distinct agents of a program through the gateway: set task.agent, "
+                                       "and each name once")
         return self
 
 

@@ -159,7 +159,8 @@ def test_a_rollout_url_records_under_its_id_and_takes_rewards(server, tokenizer)
     assert [call["index"] for call in calls] == [0, 1, 2]
     assert [call["response_ids"] for call in calls] == [c.token_ids for c in first.choices + second.choices]
     assert calls[1]["prompt_ids"] == template_ids(tokenizer, follow_up) == second.prompt_token_ids
-    assert lines[-1] == {"event": "reward", "rollout_id": "episode-7", "reward": 1.0, "call_rewards": {"2": 0.5}}
+    assert lines[-1] == {"event": "reward", "rollout_id": "episode-7", "reward": 1.0, "agent": None,
+                         "call_rewards": {"2": 0.5}}
     assert httpx.post(f"{url}/rollouts/episode-7/reward", json={"call_rewards": {"3": 1}}).status_code == 400
 
 

@@ -49,5 +49,6 @@ def test_calls_rewards_and_trace_lines(tmp_path):
                         "tools": None, "prompt_ids": [1, 2], "response_ids": [6, 7], "response_logprobs": [-0.5],
                         "finish_reason": "stop", "response": {"role": "assistant", "content": "ok"},
                         "weights_version": 0, "started": 10.0, "finished": 11.0, "tool_call_parse_failed": False,
-                        "reward": None}
-    assert lines[3] == {"event": "reward", "rollout_id": "a", "reward": 1.0, "call_rewards": {"1": 0.25}}
+                        "reward": None, "agent": None}
+    assert lines[3] == {"event": "reward", "rollout_id": "a", "reward": 1.0, "agent": None,
+                        "call_rewards": {"1": 0.25}}

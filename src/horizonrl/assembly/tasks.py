@@ -90,7 +90,7 @@ def agent_collector(cfg: TrainConfig, tokenizer, engine: Engine, params: Samplin
                       constraint_refusal=constraint_refusal)
     reward_fn = None if cfg.group.reward_fn is None else load_reward_fn(cfg.group.reward_fn)
     agents = GatewayAgents(import_target(cfg.task.agent), import_target(cfg.task.source), gateway, reward_fn,
-                           cfg.task.agent_timeout_s)
+                           cfg.task.agent_timeout_s, tuple(cfg.task.agents))
     return GroupCollector(agents, cfg.group.n_tasks, group_size, cfg.seed, share)
 
 

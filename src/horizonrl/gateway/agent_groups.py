@@ -18,6 +18,14 @@ rollout/failures.py); its episode carries the same cause in `metrics["error"]`, 
 leave it out of its group: never a silent 0. A batch's counts are what the gateway counted during it
 (`gateway/<name>` for each of its `stats`: requests, errors, server_errors, ...).
 
+Several agents in one program (`task.agents`: their names): each agent's client uses its own URL,
+`agent_url(base_url, name)` = `<rollout URL minus /v1>/agents/<name>/v1`, so each call is recorded as that
+agent's; each agent's reward is the `{name: reward}` the program returned, else what it posted to
+`/rollouts/<id>/agents/<name>/reward`. The episode's turns then carry their agent's seat (its index in
+`task.agents`) and its last turn every agent's reward (`seat_returns`): the collector makes one episode per
+agent (rollout/seats.py), grouped by task and agent, so each agent's calls are its own samples and credit.
+A call on the rollout's own URL, an agent not declared, or one without a reward, drops the rollout.
+
 The agents share one event loop, so an agent that blocks it (a synchronous client such as `openai.OpenAI`
 inside `async def`) makes every rollout of the batch wait for its calls. Each step of an agent (its code
 between two awaits) is timed; a batch whose steps of over `LONG_STEP_S` add up to over `BLOCKED_SHARE` of
@@ -45,7 +53,7 @@ from horizonrl.records import Episode, Task, Turn
 from horizonrl.rollout.episode_groups import RewardFn
 
 log = logging.getLogger(__name__)
-AgentFn = Callable[[dict, str], Awaitable[float | None]]
+AgentFn = Callable[[dict, str], Awaitable[float | dict[str, float] | None]]
 LONG_STEP_S = 0.5      # an agent's step (its code between two awaits) this long blocks the others
 BLOCKED_SHARE = 0.5    # of a batch's time, in long steps: reported
 
@@ -67,6 +75,11 @@ class RunSampling:
         return await self.engine.generate(prompt_ids, replace(params, temperature=self.temperature, top_p=self.top_p))
 
 
+def agent_url(base_url: str, agent: str) -> str:
+    """The URL of `agent` in the rollout whose URL is `base_url` (`.../rollouts/<id>/v1`): its calls are its own."""
+    return f"{base_url.removesuffix('/v1')}/agents/{agent}/v1"
+
+
 def episode_from_rollout(rollout: Rollout, episode_id: str, task: Task, group_id: str | None) -> Episode:
     """One turn per recorded call, in call order: its exact ids and log-probs, its posted reward (0 if none)
     and, as info, the text and message returned; the last turn ended the episode (the agent stopped there).
@@ -76,7 +89,7 @@ def episode_from_rollout(rollout: Rollout, episode_id: str, task: Task, group_id
                   info={"text": response_text(call.response), "response": call.response,
                         "finish_reason": call.finish_reason, "weights_version": call.weights_version,
                         "call": call.index, "generate_s": call.finished - call.started,
-                        "tool_call_parse_failed": call.tool_call_parse_failed})
+                        "tool_call_parse_failed": call.tool_call_parse_failed, "agent": call.agent})
              for call in rollout.calls]
     if turns:
         turns[-1].terminated = True
@@ -136,10 +149,12 @@ class GatewayAgents:
     failures = "of {rollouts} rollouts dropped from their groups"
 
     def __init__(self, agent: AgentFn, make_task: Callable[[int], Task], gateway: Gateway,
-                 reward_fn: RewardFn | None = None, timeout_s: float = 300.0):
+                 reward_fn: RewardFn | None = None, timeout_s: float = 300.0, agents: tuple[str, ...] = ()):
         """`gateway`: serves the engine, with a Recorder that accepts only the rollout ids issued here; it runs
-        in a thread of its own from the first batch until `close`."""
+        in a thread of its own from the first batch until `close`. `agents`: the names of a program's agents
+        (module docstring); none: one agent."""
         self.agent, self.make_task, self.gateway, self.reward_fn = agent, make_task, gateway, reward_fn
+        self.agents = agents
         self.timeout_s = timeout_s
         self.block_reported = False
         self._server: GatewayThread | None = None
@@ -194,6 +209,8 @@ class GatewayAgents:
         rollout = self.gateway.recorder.take(rollout_id)
         await self._server.calls_over(rollout_id)
         episode = episode_from_rollout(rollout, f"{task.task_id}/rollout{k}", task, task.task_id)
+        if failure is None and self.agents:
+            failure, returned = self._agents_outcome(episode, returned, rollout.agent_rewards)
         if failure is None:
             failure, reward = self._outcome(episode, returned, rollout.reward)
         if failure is not None:
@@ -204,6 +221,29 @@ class GatewayAgents:
         episode.outcome_reward = reward
         episode.metrics = {"return": reward, "length": len(episode.turns), "success": float(reward > 0)}
         return episode
+
+    def _agents_outcome(self, episode: Episode, returned, posted: dict[str, float]) -> tuple[str | None, float]:
+        """A program of several agents: (None, the first caller's reward) with each turn's seat its agent's and
+        the last turn's `seat_returns` every agent's reward (0 for one that made no call); or (why it is
+        dropped, None)."""
+        rewards = returned if isinstance(returned, dict) else posted
+        for turn in episode.turns:
+            if turn.info["agent"] not in self.agents:
+                return (f"called the model as agent {turn.info['agent']!r}; task.agents declares "
+                        f"{', '.join(self.agents)} (each calls on agent_url(base_url, name))"), None
+            turn.seat = self.agents.index(turn.info["agent"])
+        callers = list(dict.fromkeys(turn.info["agent"] for turn in episode.turns))
+        missing = [name for name in callers if name not in rewards]
+        if missing:
+            return (f"gave no reward to agent {', '.join(missing)} (return {{name: reward}} or post to "
+                    "/rollouts/<id>/agents/<name>/reward)"), None
+        for name in callers:
+            if isinstance(rewards[name], bool) or not isinstance(rewards[name], (int, float)) \
+                    or not math.isfinite(rewards[name]):
+                return f"gave agent {name} a reward that is not a finite number: {rewards[name]!r}", None
+        if episode.turns:
+            episode.turns[-1].info["seat_returns"] = [float(rewards.get(name, 0.0)) for name in self.agents]
+        return None, rewards[callers[0]] if callers else None
 
     def _outcome(self, episode: Episode, returned, posted: float | None) -> tuple[str | None, float | None]:
         """(None, the episode's outcome reward), or (why it is dropped, None)."""

@@ -33,6 +33,7 @@ class Call:
     finished: float
     tool_call_parse_failed: bool = False   # a <tool_call> block did not parse: the text came back as content
     reward: float | None = None     # a per-call reward posted to /rollouts/<id>/reward
+    agent: str | None = None        # the agent whose URL it came on (/rollouts/<id>/agents/<agent>/v1); None: none
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Rollout:
     rollout_id: str
     calls: list[Call] = field(default_factory=list)
     reward: float | None = None     # posted {"reward": x}
+    agent_rewards: dict[str, float] = field(default_factory=dict)   # posted to /rollouts/<id>/agents/<agent>/reward
 
 
 class Recorder:
@@ -91,9 +93,9 @@ class Recorder:
                 self._trace({"event": "call", **{f.name: getattr(call, f.name) for f in dataclasses.fields(call)}})
 
     def set_reward(self, rollout_id: str, reward: float | None = None,
-                   call_rewards: dict[int, float] | None = None) -> None:
-        """The rollout's reward and/or rewards of its calls by index (KeyError naming an index it has no
-        call at)."""
+                   call_rewards: dict[int, float] | None = None, agent: str | None = None) -> None:
+        """The rollout's reward (`agent`'s, with an agent) and/or rewards of its calls by index (KeyError naming an
+        index it has no call at)."""
         with self._lock:
             rollout = self._rollouts.setdefault(rollout_id, Rollout(rollout_id))
             missing = sorted(set(call_rewards or {}) - set(range(len(rollout.calls))))
@@ -101,9 +103,11 @@ class Recorder:
                 raise KeyError(f"rollout {rollout_id} has {len(rollout.calls)} calls; no call at index {missing}")
             for index, value in (call_rewards or {}).items():
                 rollout.calls[index].reward = value
-            if reward is not None:
+            if agent is not None:
+                rollout.agent_rewards[agent] = reward
+            elif reward is not None:
                 rollout.reward = reward
-            self._trace({"event": "reward", "rollout_id": rollout_id, "reward": reward,
+            self._trace({"event": "reward", "rollout_id": rollout_id, "reward": reward, "agent": agent,
                          "call_rewards": {str(k): v for k, v in (call_rewards or {}).items()}})
 
     def take(self, rollout_id: str) -> Rollout:

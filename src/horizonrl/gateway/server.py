@@ -6,7 +6,10 @@ log-probs go to the `Recorder`, under the rollout whose URL the agent was given:
     POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models
                                                                         (recorded without a rollout)
     the same under /rollouts/{rollout_id}/v1/...                        (recorded under rollout_id)
+    the same under /rollouts/{rollout_id}/agents/{agent}/v1/...         (under rollout_id, as that agent's: a
+                                                                        program of several agents, one URL each)
     POST /rollouts/{rollout_id}/reward   {"reward": x} and/or {"call_rewards": {"<call index>": x}}
+    POST /rollouts/{rollout_id}/agents/{agent}/reward   {"reward": x}: that agent's
     GET /health                                                         (no API key needed)
 
 Why aiohttp: its request body limit (`client_max_size`), server-sent events (`StreamResponse`), and
@@ -87,12 +90,13 @@ class Gateway:
         self.seed_repeats = SeedRepeats()
         self.responses = ResponseStore()
         self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._guard])
-        for prefix in ("", "/rollouts/{rollout_id}"):
+        for prefix in ("", "/rollouts/{rollout_id}", "/rollouts/{rollout_id}/agents/{agent}"):
             self.app.router.add_post(prefix + "/v1/chat/completions", self._chat)
             self.app.router.add_post(prefix + "/v1/completions", self._completions)
             self.app.router.add_post(prefix + "/v1/responses", self._responses)
             self.app.router.add_get(prefix + "/v1/models", self._models)
         self.app.router.add_post("/rollouts/{rollout_id}/reward", self._reward)
+        self.app.router.add_post("/rollouts/{rollout_id}/agents/{agent}/reward", self._reward)
         self.app.router.add_get("/health", self._health)
         self._runner: web.AppRunner | None = None
         self._in_flight: dict[str, set[asyncio.Future]] = {}   # rollout id -> the ends of its model calls
@@ -192,8 +196,12 @@ class Gateway:
             raise RequestError(f"reward body: {error.errors()[0]['msg']} ({REWARD_USAGE})") from None
         if body.reward is None and body.call_rewards is None:
             raise RequestError(f"reward body: no reward ({REWARD_USAGE})")
+        agent = request.match_info.get("agent")
+        if agent is not None and (body.call_rewards is not None or body.reward is None):
+            raise RequestError('an agent\'s reward body: send {"reward": x}; call rewards go to the rollout\'s '
+                               "/reward")
         try:
-            self.recorder.set_reward(rollout_id, body.reward, body.call_rewards)
+            self.recorder.set_reward(rollout_id, body.reward, body.call_rewards, agent)
         except KeyError as error:
             raise RequestError(str(error.args[0]), param="call_rewards") from None
         return web.json_response({"status": "ok"})
@@ -222,14 +230,14 @@ class Gateway:
                  for params in self._choice_params(body, len(prompt_ids))]
         if body.stream:
             return await self._stream(request, body, prompt_ids, tasks, lambda results: self._record(
-                rollout_id, body, prompt_ids, messages, results, started))
+                rollout_id, request.match_info.get("agent"), body, prompt_ids, messages, results, started))
         try:
             generations = await asyncio.gather(*tasks)
         finally:
             for task in tasks:
                 task.cancel()
         results = [(generation, self._answer(body, generation)) for generation in generations]
-        self._record(rollout_id, body, prompt_ids, messages, results, started)
+        self._record(rollout_id, request.match_info.get("agent"), body, prompt_ids, messages, results, started)
         response = response_header(body, self.model, int(started))
         response["choices"] = [choice_dict(body, i, reply, generation, self.model.tokenizer)
                                for i, (generation, reply) in enumerate(results)]
@@ -248,7 +256,8 @@ class Gateway:
         [params] = self._choice_params(chat, len(prompt_ids))
         generation = await self._sample(prompt_ids, params, rollout_id)
         reply = self._answer(chat, generation)
-        self._record(rollout_id, chat, prompt_ids, messages, [(generation, reply)], started)
+        self._record(rollout_id, request.match_info.get("agent"), chat, prompt_ids, messages, [(generation, reply)],
+                     started)
         items = output_items(reply.response, logprobs_of(chat, generation, self.model.tokenizer))
         response = response_object(body, self.model.name, int(started), items, reply.finish_reason, prompt_ids,
                                    generation.token_ids)
@@ -330,14 +339,16 @@ class Gateway:
                          reply.response["content"][:200])
         return reply
 
-    def _record(self, rollout_id: str | None, body: ChatRequest | CompletionRequest, prompt_ids: list[int],
-                messages: list[dict] | None, results: list[tuple[Generation, Answer]], started: float) -> None:
-        """One Call per choice, at consecutive indices of the rollout."""
+    def _record(self, rollout_id: str | None, agent: str | None, body: ChatRequest | CompletionRequest,
+                prompt_ids: list[int], messages: list[dict] | None, results: list[tuple[Generation, Answer]],
+                started: float) -> None:
+        """One Call per choice (`agent`'s, on an agent's URL), at consecutive indices of the rollout."""
         first, finished = self.recorder.next_index(rollout_id), time.time()
         for k, (generation, reply) in enumerate(results):
             self.recorder.record(Call(rollout_id, first + k, messages, getattr(body, "tools", None), prompt_ids,
                                       generation.token_ids, generation.logprobs, reply.finish_reason, reply.response,
-                                      generation.weights_version, started, finished, reply.tool_call_parse_failed))
+                                      generation.weights_version, started, finished, reply.tool_call_parse_failed,
+                                      agent=agent))
 
 
 async def _event_stream(request: web.Request) -> web.StreamResponse:
