@@ -142,10 +142,12 @@ class OpenSpielEnv:
         self.state, self.seat = state, state.current_player()
 
     def expert_reason(self) -> str:
-        """The expert's reason at the current state: the game's recap, where it has one (what the move depends on),
-        and the legal moves it picks from."""
-        legal = f"legal moves: {', '.join(self.legal_names())}; I pick one"
-        return legal if self.text.recap is None else f"{self.text.recap(self.state, self.seat)}; {legal}"
+        """The expert's reason at the current state: the legal moves it picks from, then the game's recap where it
+        has one (what the move depends on, the last words before the ACTION line: a small model reads them there
+        far more easily than in the prompt)."""
+        legal = f"legal moves: {', '.join(self.legal_names())}"
+        recap = "I pick one" if self.text.recap is None else self.text.recap(self.state, self.seat)
+        return f"{legal}; {recap}"
 
     def expert_action(self) -> tuple[str, str]:
         """A random legal move (the format-only warm start), with `expert_reason`."""

@@ -50,7 +50,7 @@ class GameText:
     """How one OpenSpiel game reads as text: what the agent is told (`intro`, `mission`, `moves` with a line each,
     `tips`), the name of each action id (`move_names`, indexed by id), and `describe(state, seat)`: what the seat
     knows, as text. `recap(state, seat)`, where a game has one, says in a few words what the seat's move depends
-    on (its card and the moves so far): the warm start's reason begins with it (OpenSpielEnv.expert_reason)."""
+    on (the moves so far and its card): the warm start's reason ends with it (OpenSpielEnv.expert_reason)."""
 
     intro: str
     mission: str
@@ -86,7 +86,7 @@ def kuhn(state, seat: int) -> str:
 
 def kuhn_recap(state, seat: int) -> str:
     card, moves = kuhn_facts(state, seat)
-    return f"my card: {card}; moves so far: {moves}"
+    return f"moves so far: {moves}; my card: {card}"
 
 
 def leduc(state, seat: int) -> str:
