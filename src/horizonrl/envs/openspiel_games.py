@@ -89,21 +89,36 @@ def kuhn_recap(state, seat: int) -> str:
     return f"moves so far: {moves}; my card: {card}"
 
 
+def leduc_fields(state, seat: int) -> dict[str, str]:
+    """The fields of the seat's information state: `[Private: 5][Round 2][Pot: 6]...` as {"Private": "5", ...}."""
+    return dict(re.findall(r"\[([^:\]]+): ([^\]]*)\]", state.information_state_string(seat)))
+
+
+def leduc_moves(fields: dict[str, str], round_name: str, seat: int) -> str:
+    said = [f"{by_whom(i, 0, seat)} {LEDUC_MOVES[int(m)]}" for i, m in enumerate(fields.get(round_name, "").split())]
+    return ", ".join(said) if said else "none"
+
+
 def leduc(state, seat: int) -> str:
-    code = state.information_state_string(seat)
-    fields = dict(re.findall(r"\[([^:\]]+): ([^\]]*)\]", code))
+    fields = leduc_fields(state, seat)
     board = fields.get("Public")
     lines = [seat_line(seat) + " Player 1 moves first in each round.",
              f"Your card: {LEDUC_RANKS[int(fields['Private']) // 2]}.",
              f"Board card: {LEDUC_RANKS[int(board) // 2] if board else 'not dealt yet (it comes after round 1)'}."]
     for round_name in ("Round1", "Round2"):
-        moves = fields.get(round_name, "").split()
         if round_name == "Round1" or board:
-            said = [f"{by_whom(i, 0, seat)} {LEDUC_MOVES[int(m)]}" for i, m in enumerate(moves)]
-            lines.append(f"Round {round_name[-1]} moves: {', '.join(said) if said else 'none'}.")
+            lines.append(f"Round {round_name[-1]} moves: {leduc_moves(fields, round_name, seat)}.")
     money = fields["Money"].split()
     lines.append(f"Pot: {fields['Pot']} chips. Your chips left: {money[seat]}.")
     return "\n".join(lines)
+
+
+def leduc_recap(state, seat: int) -> str:
+    fields = leduc_fields(state, seat)
+    board = fields.get("Public")
+    this_round = "Round2" if board else "Round1"
+    return (f"board card: {LEDUC_RANKS[int(board) // 2] if board else 'none'}; this round: "
+            f"{leduc_moves(fields, this_round, seat)}; my card: {LEDUC_RANKS[int(fields['Private']) // 2]}")
 
 
 def liars_dice(state, seat: int) -> str:
@@ -142,7 +157,7 @@ TEXTS: dict[str, GameText] = {
         move_names=["fold", "call", "raise"],
         moves={"fold": "give up the pot", "call": "match the opponent's bet (or check when there is none)",
                "raise": "raise by 2 chips in round 1, 4 in round 2 (at most two raises a round)"},
-        describe=leduc),
+        describe=leduc, recap=leduc_recap),
     "tic_tac_toe": GameText(
         intro="You are playing tic-tac-toe against an opponent",
         mission="get three of your marks in a row, a column or a diagonal before the opponent does",
