@@ -117,3 +117,6 @@ def test_a_pool_run_a_model_opponent_run_and_an_eval_against_a_checkpoint(tmp_pa
     for summary in played.values():
         assert summary["episodes"] == 4 and summary["games"]["games"] == 4
         assert summary["games"]["win"] + summary["games"]["draw"] + summary["games"]["loss"] == 4
+    capsys.readouterr()
+    assert main(["eval", str(model_run), "--episodes", "2", "--opponent", f"checkpoint:{tmp_path / 'none'}"]) == 2
+    assert f"the opponent model {tmp_path / 'none'} is no folder" in capsys.readouterr().err

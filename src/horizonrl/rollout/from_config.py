@@ -98,12 +98,14 @@ def make_seat_opponent(cfg: TrainConfig, tokenizer, actor, device: torch.device)
 def model_opponent(path: str, tokenizer, rollout: RolloutConfig, seed: int, device: torch.device,
                    learner_seat: int | None = None) -> SeatOpponent:
     """The policy in the model folder `path` as a seat opponent ("model:<path>"), on an hf engine of its own. It
-    reads the trained policy's prompts and its ids are parsed with the policy's tokenizer: another tokenizer is a
-    ConfigError."""
+    reads the trained policy's prompts and its ids are parsed with the policy's tokenizer: another tokenizer, or
+    no folder at `path`, is a ConfigError."""
+    if not Path(path).expanduser().is_dir():
+        raise ConfigError(f"the opponent model {path} is no folder (a model folder with the policy's tokenizer)")
     theirs, model = load_policy(path, device)
     if theirs.get_vocab() != tokenizer.get_vocab():
-        raise ConfigError(f"selfplay.opponent_model: {path} has another tokenizer than the policy's (an opponent "
-                          "reads the policy's prompts, and its ids are parsed with the policy's tokenizer)")
+        raise ConfigError(f"the opponent model {path} has another tokenizer than the policy's (an opponent reads "
+                          "the policy's prompts, and its ids are parsed with the policy's tokenizer)")
     return SeatOpponent(f"model:{path}", hf_engine(model, tokenizer, rollout, seed + 1, device, None, None),
                         learner_seat)
 

@@ -45,9 +45,10 @@ def by_seat(episode: Episode) -> list[Episode]:
         turns[-1].terminated, turns[-1].truncated = last.terminated, last.truncated
         if returns is not None:
             turns[-1].reward += returns[seat]
-            game = last.info.get("metrics", {})        # a game's; a gateway program's agents have none
-            illegal = bool(game.get("illegal")) and last.seat == seat
-            turns[-1].info = {**turns[-1].info, "metrics": {**game, **outcome_metrics(returns[seat], illegal)}}
+            game = last.info.get("metrics")            # a game's outcome; a gateway program's agents have none
+            if game is not None:
+                illegal = bool(game.get("illegal")) and last.seat == seat
+                turns[-1].info = {**turns[-1].info, "metrics": {**game, **outcome_metrics(returns[seat], illegal)}}
         total = sum(turn.reward for turn in turns)
         metrics = {"error": episode.metrics["error"]} if "error" in episode.metrics else {
             "return": total, "length": len(turns), "success": float(returns is not None and returns[seat] > 0),
