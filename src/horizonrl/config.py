@@ -4,8 +4,9 @@ Sections say which algorithm reads them. Every algorithm: model, env (or task), 
 optim (the optimiser steps), actor (its learning rate and policy loss), samples/merge, checkpointing
 (save_every) and report_to. PPO only: ppo (fixed-turn batches, GAE, KL in the reward) and critic.
 Group algorithms only (grpo, dr_grpo, rloo, reinforce_pp, gigpo and rae: `algos/registry.py`): group;
-gigpo also reads gigpo (its step-level advantage; every env must have state_key()), rae reads rae. Settings
-an algorithm does not read are no error, and a cross-field check runs only for the algorithm it is
+gigpo also reads gigpo (its step-level advantage; every env must have state_key()), rae reads rae, and
+selfplay (an opponent model or pool in one seat) is read for self-play games. Settings an algorithm does not
+read are no error, and a cross-field check runs only for the algorithm it is
 about. `actor.kl_loss_coef` (KL in the actor loss) works with every algorithm, ppo included.
 
 A wrong key, type or value is one `ConfigError` whose message names the key, e.g.
