@@ -120,3 +120,20 @@ def test_a_pool_run_a_model_opponent_run_and_an_eval_against_a_checkpoint(tmp_pa
     capsys.readouterr()
     assert main(["eval", str(model_run), "--episodes", "2", "--opponent", f"checkpoint:{tmp_path / 'none'}"]) == 2
     assert f"the opponent model {tmp_path / 'none'} is no folder" in capsys.readouterr().err
+
+
+def test_a_pool_run_resumed_goes_on_with_the_same_opponents(tmp_path):
+    """3 iterations straight, and 2 then resumed to 3: a snapshot joins every iteration (size 2), so after the
+    resume the pool must hold the checkpoint's members, not the restored policy alone; the weights end equal."""
+    from safetensors.torch import load_file
+
+    common = [str(SOURCE_CONFIGS / "toy.yaml"), *SELF_PLAY_KUHN, "selfplay.pool_size=2", "selfplay.snapshot_every=1",
+              "save_every=0"]
+    assert main(["train", *common, "iterations=3", f"output_dir={tmp_path / 'straight'}", "--quiet"]) == 0
+    assert main(["train", *common, "iterations=2", f"output_dir={tmp_path / 'resumed'}", "--quiet"]) == 0
+    (straight,), (resumed,) = (tmp_path / "straight").iterdir(), (tmp_path / "resumed").iterdir()
+    assert main(["train", "--resume", str(resumed), "iterations=3", "--quiet"]) == 0
+    ours, theirs = (load_file(run / "checkpoint" / "model.safetensors") for run in (resumed, straight))
+    assert all(torch.equal(ours[name], theirs[name]) for name in theirs)
+    assert [r["selfplay/opponent_iteration"] for r in read_metrics(resumed / "metrics.jsonl")] == \
+        [r["selfplay/opponent_iteration"] for r in read_metrics(straight / "metrics.jsonl")]

@@ -163,7 +163,7 @@ def start_run(cfg: TrainConfig, envs: list, signals: StopSignals, resume: Resume
     shuffle = torch.Generator().manual_seed(cfg.seed)
     sync_check = SyncCheck(served_by(cfg), **cfg.rollout.sync_check.model_dump(), ranks=ranks, sharing=sharing.actor)
     state = TrainingState(actor, tokenizer, actor_opt, shuffle, engine, collector, sync_check, critic, critic_opt,
-                          ranks, role_baselines=RoleBaselines(cfg.rae.decay))
+                          ranks, role_baselines=RoleBaselines(cfg.rae.decay), opponent=opponent)
     if resume is not None:
         first_iteration = state.restore(resume.folder) + 1
     else:

@@ -11,9 +11,11 @@ turns carry its name (`Turn.policy`) and make no episode (rollout/seats.py): onl
 weights join it (the oldest member leaves once it holds `size`), and after each iteration one member, drawn
 uniformly (seeded by the run's seed and the iteration), plays the next batch's games.
 
+The pool is kept in memory and saved with each checkpoint (runstate/checkpoint.py: its members' weights, the
+member in play), so a resumed run goes on with the same opponents.
+
 What it simplifies: one pool member plays a whole batch (SPIRAL draws per game), so one engine holds the
-opponent's weights; the pool is kept in memory and not checkpointed: a resumed run's pool starts again from the
-restored policy.
+opponent's weights.
 """
 
 from __future__ import annotations
@@ -43,6 +45,13 @@ class SeatOpponent:
     def after_update(self, iteration: int) -> dict[str, float]:
         """What changes after training iteration `iteration`: nothing for a fixed model; its metrics."""
         return {}
+
+    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """What a checkpoint keeps (JSON-able, tensors): nothing for a fixed model."""
+        return {}, {}
+
+    def load_state_dict(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
+        """Back to what `state_dict` gave."""
 
 
 class NoOpponent(SeatOpponent):
@@ -76,3 +85,14 @@ class OpponentPool(SeatOpponent):
         self.engine.sync_weights(None, weights.items())
         return {"selfplay/pool_size": len(self.members),
                 "selfplay/opponent_iteration": float(self.name.removeprefix("pool/iter"))}
+
+    def state_dict(self) -> tuple[dict, dict[str, torch.Tensor]]:
+        """The members' names and the one in play; each member's weights under "<name>/<parameter>"."""
+        return ({"members": [name for name, _ in self.members], "playing": self.name},
+                {f"{name}/{key}": tensor for name, weights in self.members for key, tensor in weights.items()})
+
+    def load_state_dict(self, state: dict, tensors: dict[str, torch.Tensor]) -> None:
+        self.members = [(name, {key.removeprefix(f"{name}/"): tensor for key, tensor in tensors.items()
+                                if key.startswith(f"{name}/")}) for name in state["members"]]
+        self.name = state["playing"]
+        self.engine.sync_weights(None, dict(self.members)[self.name].items())

@@ -11,8 +11,9 @@ exactly where the run was (`TrainingState`), written by every rank of a torchrun
                                  torch.distributed.checkpoint shards: they load at any world size
     training_state.safetensors   each rank's RNG states ("rank<r>/rng/torch", ".../rng/cuda/<device>",
                                  ".../rng/shuffle")
+    opponent_pool.safetensors    with selfplay.pool_size: the pool's members' weights
     training_state.json          iteration, world size, the engine's weights version, RAE's baselines
-                                 (algos/rae.py), each rank's collector state (env streams),
+                                 (algos/rae.py), the pool's members, each rank's collector state (env streams),
                                  served-policy check (probe rows, floor: assembly/sync_check.py) and
                                  python and numpy RNG states
 The reference policy is not saved: it is the run's initial policy, reloaded from `init/` (tiny
@@ -57,6 +58,7 @@ from horizonrl.algos.rae import RoleBaselines
 from horizonrl.learner.distributed import LOCAL, Ranks, full_state_dict
 from horizonrl.learner.lora import adapter_state, is_peft, merged_parameters, save_adapters
 from horizonrl.rollout.collector import Collector
+from horizonrl.rollout.seat_opponents import NO_OPPONENT, SeatOpponent
 from horizonrl.runstate.budget import Progress
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ log = logging.getLogger(__name__)
 RESUMABLE_KEYS = ("iterations", "save_every", "budget.env_steps", "budget.wall_clock_s")
 _ITERATION_FOLDER = re.compile(r"iter_(\d{6})")
 DCP_FOLDER = "dcp"   # the networks and optimizers, torch.distributed.checkpoint shards
+OPPONENT_POOL = "opponent_pool.safetensors"   # a pool's members' weights (selfplay.pool_size)
 
 
 class CheckpointError(ValueError):
@@ -183,6 +186,7 @@ class TrainingState:
     ranks: Ranks = LOCAL
     progress: Progress = field(default_factory=Progress)
     role_baselines: RoleBaselines = field(default_factory=RoleBaselines)   # RAE's (algos/rae.py), every rank's
+    opponent: SeatOpponent = NO_OPPONENT    # a self-play game's other seat (rollout/seat_opponents.py): its pool
 
     def save(self, run_dir: Path, iteration: int) -> Path:
         """Write checkpoints/iter_<iteration>/ atomically (after fsyncing the run's logs, so they hold
@@ -209,13 +213,17 @@ class TrainingState:
     def write(self, folder: Path, iteration: int) -> None:
         """training_state.safetensors and training_state.json, from every rank's state (rank 0 writes)."""
         everyone = self.ranks.gather(self._rank_state())
+        opponent, opponent_tensors = self.opponent.state_dict()      # the same on every rank
         if self.ranks.is_main:
             save_file({f"rank{r}/{key}": value for r, (t, _) in enumerate(everyone) for key, value in t.items()},
                       str(folder / "training_state.safetensors"))
+            if opponent_tensors:
+                save_file(opponent_tensors, str(folder / OPPONENT_POOL))
             (folder / "training_state.json").write_text(json.dumps(
                 {"iteration": iteration, "world_size": self.ranks.world_size, "engine": self.engine.state_dict(),
                  "progress": self.progress.state_dict(), "optimizers": sorted(self._stepped()),
-                 "role_baselines": self.role_baselines.state_dict(), "ranks": [m for _, m in everyone]}))
+                 "role_baselines": self.role_baselines.state_dict(), "opponent": opponent,
+                 "ranks": [m for _, m in everyone]}))
 
     def restore(self, folder: Path) -> int:
         """Load the state saved in `folder` into these objects, whatever the world size it was saved
@@ -238,6 +246,8 @@ class TrainingState:
         self.engine.load_state_dict(meta["engine"])
         self.progress.load_state_dict(meta.get("progress", {"env_steps": 0, "wall_clock_s": 0.0}))
         self.role_baselines.load_state_dict(meta.get("role_baselines", {}))
+        if (folder / OPPONENT_POOL).exists():
+            self.opponent.load_state_dict(meta["opponent"], load_file(str(folder / OPPONENT_POOL)))
         try:
             self.collector.load_state_dict(collector_share(self.collector, [m["collector"] for m in saved], self.ranks))
         except ValueError as error:   # the streams do not match the run's, or an env replays differently
