@@ -111,21 +111,11 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
     tokenizer, model = load_policy(model_path, device)
     agent = make_agent(tokenizer, cfg.agent)
     temperatures = {"greedy": 0.0, "sampled": cfg.rollout.temperature}
-    results = {
-        "checkpoint": model_path, "run_config": str(run_config) if run_config else None,
-        "seeds": {"first": seeds[0], "last": seeds[-1], "count": len(seeds),
-                  "rule": f"{HELD_OUT_START} + i; training seeds are r * {SEED_BLOCK} + j with j < {HELD_OUT_START} "
-                          "(horizonrl.rollout.seeds)"},
-        "max_steps": max_steps, "sampler_seed": seed, "agent": cfg.agent.model_dump(mode="json"),
-        "max_tokens": cfg.rollout.max_tokens,
-        "modes": {mode: {"temperature": temperatures[mode], "top_p": cfg.rollout.top_p if mode == "sampled" else None,
-                         "envs": {}} for mode in modes},
-    }
+    results = results_header(cfg, model_path, run_config, seeds, max_steps, seed, temperatures, modes)
     params = {mode: sampling_params(cfg.rollout, tokenizer, model, agent, temperatures[mode]) for mode in modes}
+    opponent_model = checkpoint_opponent(opponent, tokenizer, cfg, seed, device)
     # one engine for every env and mode: each request is seeded, so none depends on what came before;
     # built inside the precision block, which fixes its autocast
-    opponent_model = NO_OPPONENT if opponent is None or not opponent.startswith(CHECKPOINT) else \
-        model_opponent(opponent.removeprefix(CHECKPOINT), tokenizer, cfg.rollout, seed, device)
     with precision(cfg.precision), contextlib.closing(make_engine(model, tokenizer, cfg.rollout, seed,
                                                                 device)) as engine:
         played = play_envs(cfg, plays, agent, engine, params, seeds, max_steps, opponent_model)
@@ -140,6 +130,28 @@ def evaluate(target: str | Path, episodes: int = 64, env_ids: list[str] | None =
     results_path = results_dir / f"eval-{checkpoint.name}.json"
     results_path.write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
     return results, results_path
+
+
+def results_header(cfg: TrainConfig, model_path: str, run_config: Path | None, seeds: list[int],
+                   max_steps: int | None, seed: int, temperatures: dict[str, float], modes: tuple[str, ...]) -> dict:
+    """The results' settings, with an empty "envs" per mode for the plays to fill."""
+    return {
+        "checkpoint": model_path, "run_config": str(run_config) if run_config else None,
+        "seeds": {"first": seeds[0], "last": seeds[-1], "count": len(seeds),
+                  "rule": f"{HELD_OUT_START} + i; training seeds are r * {SEED_BLOCK} + j with j < {HELD_OUT_START} "
+                          "(horizonrl.rollout.seeds)"},
+        "max_steps": max_steps, "sampler_seed": seed, "agent": cfg.agent.model_dump(mode="json"),
+        "max_tokens": cfg.rollout.max_tokens,
+        "modes": {mode: {"temperature": temperatures[mode], "top_p": cfg.rollout.top_p if mode == "sampled" else None,
+                         "envs": {}} for mode in modes},
+    }
+
+
+def checkpoint_opponent(opponent: str | None, tokenizer, cfg: TrainConfig, seed: int, device) -> SeatOpponent:
+    """The model of `--opponent checkpoint:PATH` (rollout/from_config.model_opponent); NO_OPPONENT for any other."""
+    if opponent is None or not opponent.startswith(CHECKPOINT):
+        return NO_OPPONENT
+    return model_opponent(opponent.removeprefix(CHECKPOINT), tokenizer, cfg.rollout, seed, device)
 
 
 def scored_games(env_ids: list[str], table_path: Path | None) -> list[str]:
