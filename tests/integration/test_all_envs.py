@@ -19,6 +19,10 @@ BUILT_IN = sorted(i for i, spec in envs.REGISTRY.items()
 # the GEM games share one class (envs/gem_env.py): 2048, which draws from its random streams while it plays,
 # stands for all of them in a worker process (each worker imports gem: ~3 s of CPU)
 IN_WORKERS = [i for i in BUILT_IN if not i.startswith("gem:")] + ["gem:Game2048-v0-easy"]
+# envs whose seeds 11 and 12 start alike: TextArena's boards and Nim's piles start from one position whatever the
+# seed, and its 3-round Kuhn poker deals the first player the same card at these two seeds
+SAME_START_AT_11_AND_12 = {"textarena:TicTacToe-v0", "textarena:ConnectFour-v0", "textarena:Nim-v0",
+                           "textarena:KuhnPoker-v0"}
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +71,7 @@ def test_state_key_names_the_state_the_same_way_in_every_env_and_process(env_id)
     assert all(isinstance(key, str) and len(key) == 32 for key in keys)
     other = envs.make(env_id)
     other.reset(12)
-    assert other.state_key() != keys[0]                      # another seed, another start
+    assert (other.state_key() == keys[0]) == (env_id in SAME_START_AT_11_AND_12)    # another seed, another start
     if env_id not in IN_WORKERS:
         return
     worker = WorkerEnv(env_id, {})
