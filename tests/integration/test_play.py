@@ -7,6 +7,7 @@ from horizonrl import envs
 from horizonrl.agents.prompt import build_messages, system_prompt
 from horizonrl.envs.gem_games import GAMES
 from horizonrl.envs.openspiel_games import TEXTS
+from horizonrl.envs.textarena_games import GAMES as ARENA_GAMES
 from horizonrl.play import list_envs, play, render
 
 
@@ -41,7 +42,8 @@ def test_play_reports_the_end_of_an_episode():
 def test_envs_command_lists_every_env_and_play_rejects_an_unknown_one():
     listed = subprocess.run([sys.executable, "-m", "horizonrl", "envs"], capture_output=True, text=True, check=True)
     built_in = [i for i, spec in envs.REGISTRY.items() if str(spec.factory).startswith("horizonrl.")]
-    assert len(built_in) == 19 + len(GAMES) + len(TEXTS) and all(env_id in listed.stdout for env_id in built_in)
+    assert len(built_in) == 19 + len(GAMES) + len(TEXTS) + len(ARENA_GAMES)
+    assert all(env_id in listed.stdout for env_id in built_in)
     bad = subprocess.run([sys.executable, "-m", "horizonrl", "play", "nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown env 'nope'" in bad.stderr and "Traceback" not in bad.stderr
 
