@@ -651,7 +651,7 @@ class TrainConfig(Section):
     def _opponents_play_self_play_games(self) -> TrainConfig:
         """An opponent plays a seat of a game that asks the policy for every seat's move, in the learner's process,
         in whole-episode groups: one of them, and nowhere else."""
-        from horizonrl.envs.openspiel_games import SELF_PLAY
+        from horizonrl.envs.two_player import SELF_PLAY
 
         selfplay = self.selfplay
         if selfplay.opponent_model is None and not selfplay.pool_size:

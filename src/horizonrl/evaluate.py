@@ -42,7 +42,7 @@ from horizonrl import runfolder
 from horizonrl.config import TrainConfig, apply_overrides, load_config, validate
 from horizonrl.engines.base import SamplingParams
 from horizonrl.envs import check_kwargs
-from horizonrl.envs.openspiel_games import SELF_PLAY
+from horizonrl.envs.two_player import SELF_PLAY
 from horizonrl.envs.pool import open_envs
 from horizonrl.learner.device import precision, resolve_device
 from horizonrl.learner.models import BUILTIN, load_policy, resolve_model_path

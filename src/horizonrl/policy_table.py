@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 
-
 from horizonrl import envs
 from horizonrl.agents.prompt import plan_text
 from horizonrl.engines.base import SamplingParams

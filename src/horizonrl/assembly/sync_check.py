@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import time
 
-
 from horizonrl.config import TrainConfig
 from horizonrl.engines.base import ScoredRow, TrainingEngine
 from horizonrl.learner.distributed import LOCAL, Ranks

@@ -34,7 +34,8 @@ import random
 import pyspiel
 
 from horizonrl.envs.base import Instruction, state_digest
-from horizonrl.envs.openspiel_games import SELF_PLAY, TEXTS, GameText, outcome_metrics, self_play_end
+from horizonrl.envs.openspiel_games import TEXTS, GameText
+from horizonrl.envs.two_player import SELF_PLAY, outcome_metrics, self_play_end
 from horizonrl.envs.opponents import Opponent, make_opponent
 
 

@@ -22,27 +22,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-SELF_PLAY = "self"   # the opponent spec of self-play: the policy plays every seat
-OUTCOMES = ("win", "draw", "loss", "illegal")   # the metrics a game's last step reports, 1 for the one that happened
 KUHN_CARDS = ("Jack", "Queen", "King")
 LEDUC_RANKS = ("Jack", "Queen", "King")        # OpenSpiel's card c has rank c // 2 (two suits)
 LEDUC_MOVES = {0: "folded", 1: "called", 2: "raised"}
 KUHN_MOVES = {"p": "passed", "b": "bet"}
-
-
-def outcome_metrics(result: float, illegal: bool = False) -> dict[str, float]:
-    """A seat's `OUTCOMES` (1 for those that happened) from its return: a loss is any negative return."""
-    happened = (result > 0, result == 0 and not illegal, result < 0, illegal)
-    return {name: float(value) for name, value in zip(OUTCOMES, happened, strict=True)}
-
-
-def self_play_end(returns: list[float], illegal: bool, progress: float) -> dict:
-    """The info of a self-play game's last step: every seat's return (rollout/seats.py), success when the first seat
-    won, and the game's metrics."""
-    metrics = {"first_seat_win": float(returns[0] > 0 and not illegal),
-               "draw": float(all(r == 0 for r in returns) and not illegal), "illegal": float(illegal)}
-    return {"success": returns[0] > 0, "progress": progress, "metrics": metrics,
-            "seat_returns": [float(r) for r in returns]}
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,8 @@ import re
 import textarena
 
 from horizonrl.envs.base import Instruction, PrivateRandom, state_digest
-from horizonrl.envs.openspiel_games import SELF_PLAY, self_play_end
 from horizonrl.envs.textarena_games import GAMES
-
+from horizonrl.envs.two_player import SELF_PLAY, self_play_end
 
 MESSAGE = re.compile(r"(?m)^(?=\[(?:GAME|Player \d+)\] )")   # where each message of the log starts
 
@@ -51,13 +50,8 @@ class TextArenaEnv:
         self.about, self.actions = GAMES[game][0], list(GAMES[game][1])
         self.default_action = self.actions[0]
         self.private_random = PrivateRandom()     # TextArena seeds and deals from the process-wide `random`
-        self.game = self.make()
+        self.game = None                          # made by each reset
         self.seat, self.log, self.done = 0, "", False
-
-    def make(self):
-        """A new game: a TextArena env keeps the observations of its episodes before, so each episode has its own."""
-        with self.private_random():
-            return textarena.make(self.game_name)
 
     @property
     def unwrapped(self):
@@ -71,8 +65,8 @@ class TextArenaEnv:
                            tips=["a move the game refuses may be tried once more; a second refusal loses the game"])
 
     def reset(self, seed: int) -> tuple[str, dict]:
-        self.game = self.make()
-        with self.private_random():
+        with self.private_random():         # a game of its own: a TextArena env keeps its earlier episodes' log
+            self.game = textarena.make(self.game_name)
             self.game.reset(num_players=2, seed=seed)
         self.done = False
         return self.observe(), {}

@@ -137,6 +137,11 @@ class LongSteps:
             self.blocked[0] += step_s
 
 
+def finite_number(value) -> bool:
+    """Whether an agent's reward is a finite int or float (a bool is no reward)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def response_text(response: dict) -> str:
     """The text a call returned: a chat message's content ("" when it only called tools), a completion's text."""
     return response.get("content") or response.get("text") or ""
@@ -238,8 +243,7 @@ class GatewayAgents:
             return (f"gave no reward to agent {', '.join(missing)} (return {{name: reward}} or post to "
                     "/rollouts/<id>/agents/<name>/reward)"), None
         for name in callers:
-            if isinstance(rewards[name], bool) or not isinstance(rewards[name], (int, float)) \
-                    or not math.isfinite(rewards[name]):
+            if not finite_number(rewards[name]):
                 return f"gave agent {name} a reward that is not a finite number: {rewards[name]!r}", None
         if episode.turns:
             episode.turns[-1].info["seat_returns"] = [float(rewards.get(name, 0.0)) for name in self.agents]
@@ -254,6 +258,6 @@ class GatewayAgents:
             reward = self.reward_fn(episode)
         if reward is None:
             return "returned no reward and posted none", None
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        if not finite_number(reward):
             return f"returned a reward that is not a finite number: {reward!r}", None
         return None, float(reward)

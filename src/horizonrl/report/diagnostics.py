@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from horizonrl.envs.openspiel_games import OUTCOMES
+from horizonrl.envs.two_player import OUTCOMES
 from horizonrl.records import Episode
 
 FAILURE_TYPES = ("invalid_output", "loop", "time_out", "other")

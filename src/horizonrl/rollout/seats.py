@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from horizonrl.envs.openspiel_games import outcome_metrics
+from horizonrl.envs.two_player import outcome_metrics
 from horizonrl.records import Episode, Turn
 
 
