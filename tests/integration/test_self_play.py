@@ -89,17 +89,47 @@ def test_self_play_prompts_with_history_are_refused_naming_agent_memory():
         scripted_collector("pass", memory=1).collect()
 
 
-def test_ppo_streams_refuse_a_self_play_game_and_a_group_estimator_trains_it(tmp_path):
+@pytest.mark.parametrize("e_len, games", [(1, 1), (3, 2)])
+def test_ppo_streams_play_a_self_play_game_to_its_end_one_episode_per_seat(e_len, games):
+    """Both seats always bet: a game is a bet and a call (2 turns). A stream of e_len 1 still plays its game to the
+    end; e_len 3 starts a second game on its third turn and plays it out too: whole seat episodes, none to
+    bootstrap."""
+    from horizonrl.agents.agent import Agent
+    from horizonrl.agents.prompt import plan_text
+    from horizonrl.assembly.warm_start import build_tiny_for_envs
+    from horizonrl.config import TinyModel
+    from horizonrl.engines.base import SamplingParams
+    from horizonrl.engines.scripted import ScriptedEngine
+    from horizonrl.envs.pool import open_envs
+    from horizonrl.rollout.fixed_turn import FixedTurnCollector
+
+    tokenizer, _ = build_tiny_for_envs([envs.make("openspiel:kuhn_poker")], TinyModel(), seed=0, device="cpu")
+    handles = open_envs("openspiel:kuhn_poker", {"opponent": "self"}, 2, False, 60.0)
+    engine = ScriptedEngine(tokenizer, lambda prompt: plan_text("scripted", "bet"))
+    collector = FixedTurnCollector(handles, Agent(tokenizer, memory=0), engine, SamplingParams(max_tokens=32), e_len)
+    episodes = collector.collect()
+    assert len(episodes) == 2 * games * 2                      # streams x games x seats
+    assert [e.turns[0].seat for e in episodes] == [0, 1] * 2 * games          # stream by stream, game by game
+    for first, second in zip(episodes[::2], episodes[1::2]):
+        assert first.episode_id.removesuffix("/seat0") == second.episode_id.removesuffix("/seat1")
+        assert sorted((first.turns[0].reward, second.turns[0].reward)) == [-2.0, 2.0]        # zero-sum
+    for episode in episodes:
+        assert len(episode.turns) == 1 and episode.turns[0].terminated and episode.bootstrap_prompt_ids is None
+        assert episode.metrics["return"] == episode.turns[0].reward
+
+
+def test_ppo_and_a_group_estimator_each_train_a_self_play_game(tmp_path):
     from horizonrl.report.metrics import read_metrics
     from horizonrl.train.loop import train
 
     common = ["env.id=openspiel:kuhn_poker", "env.kwargs={opponent: self}", "agent.memory=0", "iterations=1",
               "model.warm_start=null", "rollout.n_env=4"]
-    ppo = load_config(str(SOURCE_CONFIGS / "toy.yaml"), [*common, "critic.warmup_batches=0", "ppo.e_len=4",
-                                                          "optim.mini_batch_size=16", "optim.micro_batch_size=16",
+    ppo = load_config(str(SOURCE_CONFIGS / "toy.yaml"), [*common, "critic.warmup_batches=0", "ppo.e_len=1",
+                                                          "optim.mini_batch_size=4", "optim.micro_batch_size=4",
                                                           f"output_dir={tmp_path / 'ppo'}"])
-    with pytest.raises(ConfigError, match="fixed-turn streams play one seat"):
-        train(ppo, progress=False)
+    (record,) = read_metrics(train(ppo, progress=False) / "metrics.jsonl")
+    assert record["env/episodes"] >= 4 * 2 and record["env/episodes"] % 2 == 0      # each game's two seats
+    assert record["train/actor/skipped_updates"] == 0 and "train/critic/value_loss" in record
     grpo = load_config(str(SOURCE_CONFIGS / "toy.yaml"), [*common, "algorithm=grpo", "group.n_tasks=2",
                                                            "group.group_size=4", f"output_dir={tmp_path / 'grpo'}"])
     (record,) = read_metrics(train(grpo, progress=False) / "metrics.jsonl")

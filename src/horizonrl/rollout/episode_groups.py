@@ -28,11 +28,10 @@ from collections.abc import Callable, Iterator
 from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
-from horizonrl.errors import ConfigError
 from horizonrl.records import Episode
 from horizonrl.rollout.groups import GroupCollector
 from horizonrl.rollout.seat_opponents import NO_OPPONENT, SeatOpponent
-from horizonrl.rollout.seats import alternates
+from horizonrl.rollout.seats import check_seat_history
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 from horizonrl.tools.registry import import_target
 
@@ -120,10 +119,7 @@ class EnvEpisodes:
                 else:
                     episode.metrics = {"error": str(error)}
                 return episode
-            if alternates(episode, turn) and (self.agent.memory > 0 or self.agent.history == "full"):
-                raise ConfigError(f"agent.memory: {stream.task} gives its turns to every seat (self-play), and a "
-                                  f"prompt with history (memory {self.agent.memory}, history {self.agent.history}) "
-                                  "would show a seat the other's turns; set agent.memory=0")
+            check_seat_history(episode, turn, self.agent)
             turn.policy = self.opponent.name if opponent else None
             episode.turns.append(turn)
             if len(episode.turns) == self.max_turns and not turn.terminated:

@@ -4,7 +4,8 @@ One asyncio task per stream; the engine batches whatever requests are pending. A
 only when its episode ends, so an episode can span iterations; each iteration returns the fragment
 of every episode that had turns in it. A fragment still running after the e_len turns, or truncated
 by the env's time limit, carries the prompt of its next state (no action sampled) so the learner can
-bootstrap from its value.
+bootstrap from its value. A self-play game (the policy in every seat) is not cut: its stream plays it to its end,
+and each seat's turns become one episode (rollout/seats.py).
 
 An env call that fails (`EnvError`: it raised or hung, and its handle has rebuilt the env) closes
 the running episode as truncated at its last completed turn, with the error in that turn's `info`;
@@ -22,11 +23,10 @@ from collections.abc import Awaitable, Callable
 from horizonrl.agents.agent import Agent
 from horizonrl.engines.base import Engine, SamplingParams
 from horizonrl.envs.pool import EnvError
-from horizonrl.errors import ConfigError
 from horizonrl.records import Episode
 from horizonrl.rollout.collector import Deliver
 from horizonrl.rollout.failures import log_failures
-from horizonrl.rollout.seats import alternates
+from horizonrl.rollout.seats import by_seat, check_seat_history, seats_to_come
 from horizonrl.rollout.seeds import first_training_seed
 from horizonrl.rollout.stream import EnvStream, close_on_error, finish_episode, note_errors, play_turn
 
@@ -68,7 +68,9 @@ class FixedTurnCollector:
     async def _run_stream(self, stream: EnvStream) -> list[Episode]:
         fragments: list[Episode] = []
         episode: Episode | None = None
-        for _ in range(self.e_len):
+        played = 0
+        while played < self.e_len or seats_to_come(episode, stream.env.seat):
+            played += 1
             if stream.observation is None:
                 note_errors(await stream.reset(), self.errors)
             if episode is None:
@@ -79,17 +81,14 @@ class FixedTurnCollector:
                 note_errors([str(error)], self.errors)
                 if episode.turns:
                     close_on_error(episode, str(error), stream, self.agent)
-                    fragments.append(episode)
+                    fragments.extend(by_seat(episode))
                 episode, stream.observation = None, None
                 continue
-            if alternates(episode, turn):
-                raise ConfigError(f"algorithm: {stream.task} gives its turns to every seat (self-play); PPO's "
-                                  "fixed-turn streams play one seat: train it with a group estimator (grpo, rloo, "
-                                  "...), or give it an opponent")
+            check_seat_history(episode, turn, self.agent)
             episode.turns.append(turn)
             if turn.terminated or turn.truncated:
                 finish_episode(episode, turn, stream, self.agent, next_observation)
-                fragments.append(episode)
+                fragments.extend(by_seat(episode))
                 episode, stream.observation = None, None
             else:
                 stream.observation = next_observation

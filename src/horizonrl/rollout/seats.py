@@ -10,23 +10,42 @@ seat's. A seat an opponent played (`Turn.policy`, rollout/seat_opponents.py) mak
 A game cut before its end (an env error, the turn limit) has no returns: each seat's episode keeps the rewards its
 turns had.
 
+PPO's fixed-turn streams cut an episode at the batch's end and bootstrap from the critic; a self-play game is not
+cut (`seats_to_come`: the stream plays it to its end, a few turns past `ppo.e_len` at most), so that each seat's
+episode is whole and its GAE runs over that seat's turns alone, the critic reading whose turn it is from the prompt.
+
 What this simplifies: the prompts of a seat must not carry the game's history (the turn before is the other
-seat's), so self-play needs `agent.memory: 0` (the observation spells out the game so far), and PPO's fixed-turn
-streams, whose GAE runs over a stream's consecutive turns, play one seat only (`alternates` finds the game that
-does not fit, on its first turn).
+seat's), so self-play needs `agent.memory: 0` (the observation spells out the game so far; `check_seat_history`
+refuses the rest on the game's first change of seat).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from horizonrl.agents.agent import Agent
 from horizonrl.envs.two_player import outcome_metrics
+from horizonrl.errors import ConfigError
 from horizonrl.records import Episode, Turn
 
 
-def alternates(episode: Episode, turn: Turn) -> bool:
-    """Whether `turn`, about to join `episode`, is another seat's than the turn before it."""
-    return bool(episode.turns) and turn.seat is not None and turn.seat != episode.turns[-1].seat
+def check_seat_history(episode: Episode, turn: Turn, agent: Agent) -> None:
+    """A ConfigError naming agent.memory when `turn`, about to join `episode`, is another seat's than the turn before
+    it and `agent`'s prompts carry history (they would show a seat the other's turns)."""
+    if episode.turns and turn.seat is not None and turn.seat != episode.turns[-1].seat and (
+            agent.memory > 0 or agent.history == "full"):
+        raise ConfigError(f"agent.memory: {episode.task} gives its turns to every seat (self-play), and a prompt with "
+                          f"history (memory {agent.memory}, history {agent.history}) would show a seat the other's "
+                          "turns; set agent.memory=0")
+
+
+def seats_to_come(episode: Episode | None, next_seat: int | None) -> bool:
+    """Whether `episode` is a running game the policy plays in more than one seat: its turns and `next_seat` (the
+    env's seat to move) span two seats."""
+    if episode is None or not episode.turns:
+        return False
+    seats = {turn.seat for turn in episode.turns} | {next_seat}
+    return None not in seats and len(seats) > 1
 
 
 def by_seat(episode: Episode) -> list[Episode]:
@@ -53,6 +72,7 @@ def by_seat(episode: Episode) -> list[Episode]:
         metrics = {"error": episode.metrics["error"]} if "error" in episode.metrics else {
             "return": total, "length": len(turns), "success": float(returns is not None and returns[seat] > 0),
             "invalid_actions": sum(not turn.valid_action for turn in turns)}
-        out.append(Episode(f"{episode.episode_id}/seat{seat}", episode.task, episode.seed,
-                           f"{episode.group_id}/seat{seat}", turns, None, total, metrics, episode.data))
+        group = None if episode.group_id is None else f"{episode.group_id}/seat{seat}"     # PPO's streams: None
+        out.append(Episode(f"{episode.episode_id}/seat{seat}", episode.task, episode.seed, group, turns, None, total,
+                           metrics, episode.data))
     return out
