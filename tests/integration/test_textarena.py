@@ -59,7 +59,9 @@ def test_the_same_seed_deals_the_same_kuhn_game_and_the_process_random_stays_put
 
 
 @pytest.mark.parametrize("kwargs, reason", [
-    ({"game": "Wordle-v0"}, "textarena game 'Wordle-v0' is not adapted here .*adapted: TicTacToe-v0, ConnectFour-v0"),
+    ({"game": "Wordle-v0"}, "textarena:Wordle-v0 needs NLTK's word lists"),
+    ({"game": "SimpleNegotiation-v0"}, "SimpleNegotiation-v0 is not adapted here: .* free-text moves .*adapted: "
+                                       "TicTacToe-v0, ConnectFour-v0"),
     ({"game": "TicTacToe-v0", "opponent": "random"}, "textarena games have no fixed opponent here"),
 ])
 def test_a_game_or_opponent_not_adapted_is_refused_naming_why(kwargs, reason):
@@ -67,6 +69,49 @@ def test_a_game_or_opponent_not_adapted_is_refused_naming_why(kwargs, reason):
 
     with pytest.raises(ValueError, match=reason):
         TextArenaEnv(**kwargs)
+
+
+def test_an_env_id_of_a_refused_game_names_the_reason_before_any_import():
+    with pytest.raises(ValueError, match="textarena:Debate-v0-long needs an OpenRouter API key"):
+        envs.spec("textarena:Debate-v0-long")
+
+
+REASONS = {                   # a phrase of each refusal -> what TextArena does when the game is reset for two players
+    "NLTK": LookupError, "API key": ValueError, "Python 3.12": SyntaxError, "three or more": AssertionError,
+    "data files": FileNotFoundError, "imports a module": ImportError, "one-player": Exception}
+
+
+@pytest.mark.timeout(240)
+def test_each_refusal_is_what_textarena_does_and_the_other_two_player_games_take_free_text(monkeypatch):
+    """Every game name of TextArena's registry, its first id reset for two players: a refused name fails as its reason
+    says (a one-player puzzle plays one seat), an adapted one plays, any other plays two seats (free-text moves)."""
+    import sys
+
+    import textarena as ta
+    from textarena.envs.registration import ENV_REGISTRY
+
+    from horizonrl.envs.textarena_games import GAMES, REFUSED
+
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    firsts: dict[str, str] = {}
+    for env_id in sorted(ENV_REGISTRY):
+        if not env_id.endswith(("-train", "-raw")):
+            firsts.setdefault(env_id.split("-v")[0], env_id)
+    assert set(GAMES) <= set(firsts.values())
+    refused = {name: reason for reason, names in REFUSED.items() for name in names}
+    assert set(refused) <= set(firsts)
+    for name, env_id in firsts.items():
+        reason = refused.get(name, "")
+        (error,) = [kind for phrase, kind in REASONS.items() if phrase in reason] or [None]
+        if error is SyntaxError and sys.version_info >= (3, 12):
+            continue
+        if error is None:
+            ta.make(env_id).reset(num_players=2, seed=0)
+            continue
+        with pytest.raises(error):
+            ta.make(env_id).reset(num_players=2, seed=0)
+        if "one-player" in reason:
+            ta.make(env_id).reset(num_players=1, seed=0)
 
 
 def test_self_play_grpo_trains_an_iteration_on_a_textarena_game(tmp_path):

@@ -113,6 +113,8 @@ def spec(env_id: str) -> EnvSpec:
     if env_id not in REGISTRY:
         if env_id.startswith("gem:"):        # a GEM game this adapter does not play: why not
             raise ValueError(gem_games.refusal(env_id.removeprefix("gem:")))
+        if env_id.startswith("textarena:"):  # a TextArena game this adapter does not play: why not
+            raise ValueError(textarena_games.refusal(env_id.removeprefix("textarena:")))
         raise ValueError(f"unknown env {env_id!r}; known envs: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[env_id]
 

@@ -16,9 +16,9 @@ Self-play, as OpenSpielEnv's (envs/openspiel_env.py): `seat` is the seat to move
 end `info["seat_returns"]` (TextArena's rewards: +1 / -1, 0 for a draw) and the metrics `first_seat_win`, `draw`
 and `illegal` (the last mover's move was refused twice).
 
-What it simplifies: only the games of `GAMES` (those whose moves are a short list of names) are adapted; games
-whose moves are free text (negotiation, word games: most need NLTK data or an API key offline) and those needing
-another Python are refused with the list. There is no fixed opponent (TextArena has no bot) and no expert.
+What it simplifies: only the games of `GAMES` (those whose moves are a short list of names) are adapted; every other
+id is refused with its reason (`textarena_games.refusal`: free-text moves, NLTK data, an API key, Python 3.12, more
+players, one player). There is no fixed opponent (TextArena has no bot) and no expert.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import re
 import textarena
 
 from horizonrl.envs.base import Instruction, PrivateRandom, state_digest
-from horizonrl.envs.textarena_games import GAMES
+from horizonrl.envs.textarena_games import GAMES, refusal
 from horizonrl.envs.two_player import SELF_PLAY, self_play_end
 
 MESSAGE = re.compile(r"(?m)^(?=\[(?:GAME|Player \d+)\] )")   # where each message of the log starts
@@ -39,8 +39,7 @@ class TextArenaEnv:
 
     def __init__(self, game: str, opponent: str = SELF_PLAY, window: int = 4):
         if game not in GAMES:
-            raise ValueError(f"textarena game {game!r} is not adapted here (its moves are no short list of names); "
-                             f"adapted: {', '.join(GAMES)}")
+            raise ValueError(refusal(game))
         if opponent != SELF_PLAY:
             raise ValueError(f"textarena games have no fixed opponent here (TextArena has no bot); opponent must be "
                              f"{SELF_PLAY!r}, and a model or a pool plays a seat through `selfplay` (got {opponent!r})")
