@@ -214,8 +214,9 @@ def eval_parser(commands) -> None:
     command.add_argument("--seed", type=int, default=0, help="seeds the sampler of the sampled mode")
     command.add_argument("--mode", choices=["greedy", "sampled", "both"], default="both")
     command.add_argument("--opponent", metavar="SPEC",
-                         help="an OpenSpiel game's opponent (random, mcts:N, perfect, or checkpoint:PATH: a "
-                              "model folder with the policy's tokenizer), each seat played apart")
+                         help="an OpenSpiel game's opponent (random, mcts:N, perfect, checkpoint:PATH: a model "
+                              "folder with the policy's tokenizer, or server:URL: the /v1 URL of an OpenAI-compatible "
+                              "server returning token ids whose model has that tokenizer), each seat played apart")
     command.add_argument("--policy-table", type=Path, metavar="FILE",
                          help="write the policy over every information state of the run's OpenSpiel poker game as JSON "
                               "(its exploitability is in the results)")

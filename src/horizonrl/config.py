@@ -470,6 +470,9 @@ class SelfPlayConfig(Section):
 
     opponent_model: str | None = Field(None, description="a model folder with the policy's tokenizer (a warm start, "
                                                          "a checkpoint) that plays the other seat")
+    opponent_url: str | None = Field(None, description="the /v1 URL of an OpenAI-compatible server returning token "
+                                                       "ids (vLLM, horizonrl gateway) whose model, with the policy's "
+                                                       "tokenizer, plays the other seat")
     pool_size: int = Field(0, ge=0, description="> 0: a pool of the policy's past snapshots plays the other seat "
                                                 "(the initial policy first; one member drawn each iteration)")
     snapshot_every: int = Field(5, gt=0, description="iterations between the snapshots that join the pool")
@@ -654,11 +657,14 @@ class TrainConfig(Section):
         from horizonrl.envs.two_player import SELF_PLAY
 
         selfplay = self.selfplay
-        if selfplay.opponent_model is None and not selfplay.pool_size:
+        chosen = [key for key, value in (("selfplay.opponent_model", selfplay.opponent_model),
+                                         ("selfplay.opponent_url", selfplay.opponent_url),
+                                         ("selfplay.pool_size", selfplay.pool_size)) if value not in (None, 0)]
+        if not chosen:
             return self
-        key = "selfplay.opponent_model" if selfplay.opponent_model is not None else "selfplay.pool_size"
-        if selfplay.opponent_model is not None and selfplay.pool_size:
-            raise InvalidKey(key, "an opponent model and a pool of snapshots exclude each other; set one")
+        key = chosen[0]
+        if len(chosen) > 1:
+            raise InvalidKey(key, f"{' and '.join(chosen)} each choose the opponent and exclude each other; set one")
         if self.task is not None or self.algorithm_spec.batches is not Batches.GROUPS:
             raise InvalidKey(key, "an opponent plays env episode groups (a group algorithm and an env, not a task)")
         if self.env.kwargs.get("opponent") != SELF_PLAY:

@@ -25,8 +25,9 @@ results' "games" give the policy's exploitability and the table's coverage, and 
 FILE`) writes the table; with `agent.memory` above 0 the play's prompts hold history the table's do not, and the
 game says so instead of a number.
 `--opponent SPEC` plays an OpenSpiel game's seats apart against an opponent: the env's own (random, mcts:N,
-perfect: envs/opponents.py), or `checkpoint:PATH`, a model folder's policy on an engine of its own, the game in
-self-play mode with the evaluated policy in one seat (rollout/seat_opponents.py).
+perfect: envs/opponents.py), or a model: `checkpoint:PATH`, a model folder's policy on an engine of its own, or
+`server:URL`, the model an OpenAI-compatible server serves at URL (its /v1), the game in self-play mode with the
+evaluated policy in one seat (rollout/seat_opponents.py).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ from horizonrl.learner.models import BUILTIN, load_policy, resolve_model_path
 from horizonrl.policy_table import exploitability, policy_table, scored_game
 from horizonrl.report.diagnostics import FAILURE_TYPES, episode_summary, game_outcomes
 from horizonrl.rollout.episode_groups import play_seeds
-from horizonrl.rollout.from_config import make_agent, make_engine, model_opponent, sampling_params
-from horizonrl.rollout.seat_opponents import CHECKPOINT, NO_OPPONENT, SeatOpponent
+from horizonrl.rollout.from_config import make_agent, make_engine, model_opponent, sampling_params, served_opponent
+from horizonrl.rollout.seat_opponents import CHECKPOINT, NO_OPPONENT, SERVER, SeatOpponent
 from horizonrl.rollout.seeds import HELD_OUT_START, SEED_BLOCK, held_out_seeds, max_training_episodes
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,10 @@ def results_header(cfg: TrainConfig, model_path: str, run_config: Path | None, s
 
 
 def checkpoint_opponent(opponent: str | None, tokenizer, cfg: TrainConfig, seed: int, device) -> SeatOpponent:
-    """The model of `--opponent checkpoint:PATH` (rollout/from_config.model_opponent); NO_OPPONENT for any other."""
+    """The model of `--opponent checkpoint:PATH` or `server:URL` (rollout/from_config.model_opponent,
+    served_opponent); NO_OPPONENT for any other."""
+    if opponent is not None and opponent.startswith(SERVER):
+        return served_opponent(opponent.removeprefix(SERVER), tokenizer, cfg.rollout, seed)
     if opponent is None or not opponent.startswith(CHECKPOINT):
         return NO_OPPONENT
     return model_opponent(opponent.removeprefix(CHECKPOINT), tokenizer, cfg.rollout, seed, device)
@@ -182,7 +186,7 @@ def scored_policy(model, tokenizer, agent, cfg: TrainConfig, game: str, table_pa
 @dataclass(frozen=True)
 class Play:
     """The episodes of one env to play: how the results name them, the env id and its kwargs; against a model
-    opponent (checkpoint:PATH), the seat the evaluated policy plays."""
+    opponent (checkpoint:PATH, server:URL), the seat the evaluated policy plays."""
 
     label: str
     env_id: str
@@ -197,9 +201,9 @@ def plays_of(cfg: TrainConfig, env_ids: list[str]) -> list[Play]:
 
 def seat_plays(cfg: TrainConfig, env_ids: list[str], opponent: str) -> list[Play]:
     """Each OpenSpiel game against `opponent` in each seat apart ("<env id> seat 0", "... seat 1"); ValueError when
-    an env is not such a game or cannot have that opponent. A model opponent (checkpoint:PATH) plays the game in
-    self-play mode, the evaluated policy in the play's seat."""
-    by_model = opponent.startswith(CHECKPOINT)
+    an env is not such a game or cannot have that opponent. A model opponent (checkpoint:PATH, server:URL) plays the
+    game in self-play mode, the evaluated policy in the play's seat."""
+    by_model = opponent.startswith((CHECKPOINT, SERVER))
     plays = []
     for play in plays_of(cfg, env_ids):
         if not play.env_id.startswith("openspiel:"):

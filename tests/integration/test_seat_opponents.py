@@ -85,7 +85,10 @@ def test_the_pool_snapshots_when_due_keeps_the_newest_and_puts_the_drawn_member_
      "selfplay.pool_size: an opponent plays a seat of a game the policy would play every seat of; set "
      "env.kwargs.opponent=self (got 'random')"),
     (["selfplay.pool_size=2", "selfplay.opponent_model=x", *SELF_PLAY_KUHN],
-     "selfplay.opponent_model: an opponent model and a pool of snapshots exclude each other"),
+     "selfplay.opponent_model: selfplay.opponent_model and selfplay.pool_size each choose the opponent and "
+     "exclude each other"),
+    (["selfplay.opponent_url=http://127.0.0.1:8000/v1", "selfplay.opponent_model=x", *SELF_PLAY_KUHN],
+     "selfplay.opponent_model: selfplay.opponent_model and selfplay.opponent_url each choose the opponent"),
     (["selfplay.pool_size=2", f"env.id={KUHN}", "env.kwargs={opponent: self}"],
      "selfplay.pool_size: an opponent plays env episode groups"),
 ])
@@ -120,6 +123,46 @@ def test_a_pool_run_a_model_opponent_run_and_an_eval_against_a_checkpoint(tmp_pa
     capsys.readouterr()
     assert main(["eval", str(model_run), "--episodes", "2", "--opponent", f"checkpoint:{tmp_path / 'none'}"]) == 2
     assert f"the opponent model {tmp_path / 'none'} is no folder" in capsys.readouterr().err
+
+
+def test_a_served_model_plays_the_other_seat_in_training_and_in_eval(tmp_path, capsys):
+    """A gateway (a real OpenAI-compatible server returning token ids) serves the toy's initial policy; as the
+    opponent it samples every turn of the other seat: as many completions as the games' opponent turns."""
+    from horizonrl.gateway.server import Gateway, GatewayThread
+    from horizonrl.learner.models import load_policy, stop_ids
+
+    first = tmp_path / "first"
+    assert main(["train", str(SOURCE_CONFIGS / "toy.yaml"), *SELF_PLAY_KUHN, "iterations=1",
+                 f"output_dir={first}", "--quiet"]) == 0
+    (first_run,) = first.iterdir()
+    tokenizer, model = load_policy(str(first_run / "init"), torch.device("cpu"))
+    gateway = Gateway(HFEngine(model, tokenizer.pad_token_id, tokenizer=tokenizer), tokenizer, "opponent", 2048,
+                      stop_ids(tokenizer, model))
+    thread = GatewayThread(gateway)
+    url = f"{thread.start()}/v1"
+    try:
+        served = tmp_path / "served"
+        assert main(["train", str(SOURCE_CONFIGS / "toy.yaml"), *SELF_PLAY_KUHN, "iterations=1",
+                     f"model.path={first_run / 'init'}", f"selfplay.opponent_url={url}", f"output_dir={served}",
+                     "--quiet"]) == 0
+        (served_run,) = served.iterdir()
+        (record,) = read_metrics(served_run / "metrics.jsonl")
+        assert record["env/episodes"] == 4 and record["train/actor/skipped_updates"] == 0   # the policy's seats
+        games = 4
+        assert gateway.stats["requests"] >= 1 + games and gateway.stats["errors"] == 0    # a probe, then turns
+        before = gateway.stats["requests"]
+        capsys.readouterr()
+        assert main(["eval", str(served_run), "--episodes", "4", "--mode", "greedy", "--opponent",
+                     f"server:{url}"]) == 0
+        played = json.loads((served_run / "eval-checkpoint.json").read_text())["modes"]["greedy"]["envs"]
+        assert list(played) == [f"{KUHN} seat 0", f"{KUHN} seat 1"]
+        assert all(summary["games"]["games"] == 4 for summary in played.values())
+        assert gateway.stats["requests"] > before + 1
+    finally:
+        thread.stop()
+    capsys.readouterr()
+    assert main(["eval", str(served_run), "--episodes", "2", "--opponent", "server:http://127.0.0.1:9/v1"]) == 1
+    assert "no answer from the OpenAI-compatible server at http://127.0.0.1:9/v1" in capsys.readouterr().err
 
 
 def test_a_pool_run_resumed_goes_on_with_the_same_opponents(tmp_path):

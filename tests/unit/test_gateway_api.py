@@ -27,6 +27,10 @@ def chat(**fields):
     return parse_request(json.dumps({"messages": [{"role": "user", "content": "hi"}], **fields}).encode(), "chat")
 
 
+def completion(**fields):
+    return parse_request(json.dumps(fields).encode(), "completions")
+
+
 def test_messages_are_normalised_for_the_chat_template():
     request = chat(messages=[
         {"role": "developer", "content": [{"type": "text", "text": "be brief"}, {"type": "text", "text": "and kind"}]},
@@ -184,6 +188,19 @@ def test_sampling_parameters_and_limits(tokenizer):
             choice_params(chat(**fields), prompt_len, model)
     capping = ServedModel(tokenizer, "m", context_len=100, stop_ids=(2,), max_tokens=50, cap_max_tokens=True)
     assert choice_params(chat(max_tokens=256), 10, capping)[0].max_tokens == 50   # training: capped, not refused
+
+
+def test_vllms_stop_token_ids_ignore_eos_and_64_bit_seeds_are_honoured(tokenizer):
+    """What a client of vLLM's token-exact API sends (engines/openai_server.py): stop_token_ids end a response
+    beside the model's stops, ignore_eos leaves only them; a seed near 2^63 wraps for the next choice."""
+    model = ServedModel(tokenizer, "m", context_len=100, stop_ids=(2,))
+    body = {"prompt": [7, 8], "return_token_ids": True, "logprobs": 0}
+    assert choice_params(completion(**body), 10, model)[0].stop_ids == (2,)
+    assert choice_params(completion(**body, stop_token_ids=[5, 6]), 10, model)[0].stop_ids == (5, 6, 2)
+    assert choice_params(completion(**body, stop_token_ids=[5], ignore_eos=True), 10, model)[0].stop_ids == (5,)
+    assert [p.seed for p in choice_params(completion(**body, seed=2**63 - 1, n=2), 10, model)] == [2**63 - 1, -2**63]
+    with pytest.raises(RequestError, match="seed"):
+        completion(**body, seed=2**63)
 
 
 def test_constraints_and_one_call_at_most(tokenizer):

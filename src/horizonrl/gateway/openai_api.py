@@ -4,7 +4,9 @@ parameters) to the engine, its Generations out as the response and choice dicts 
 Prompts are built exactly as training builds them: chat messages (normalised, see `normalise_messages`)
 and tool schemas through the tokenizer's chat template (`chat_prompt_ids`); a completions prompt is a
 string (encoded without special tokens) or a list of token ids used as is. Responses carry the exact ids
-(`prompt_token_ids` at the top, `token_ids` on each choice, as vLLM's return_token_ids does).
+(`prompt_token_ids` at the top, `token_ids` on each choice, as vLLM's return_token_ids does). vLLM's sampling
+extensions `stop_token_ids` and `ignore_eos` are honoured, so that a client written for vLLM's token-exact API
+(engines/openai_server.py) samples here as there.
 
 Options we cannot honour exactly are refused with a 400 naming them, never ignored: top log-probs, echo,
 suffix, best_of, penalties, logit_bias and any field this module does not know. reasoning_effort,
@@ -152,7 +154,7 @@ class _Request(Body):
     top_p: float | None = Field(None, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=-(2**62), le=2**62)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)   # 64-bit, as vLLM's (RequestSeeds' are 63-bit)
     stream: bool = False
     stream_options: _StreamOptions | None = None
     presence_penalty: float | None = None
@@ -163,6 +165,9 @@ class _Request(Body):
     store: Any = None
     metadata: Any = None
     user: Any = None
+    return_token_ids: bool = True    # vLLM's extensions, these three: the ids are always returned
+    stop_token_ids: list[int] | None = None      # more ids that end a response
+    ignore_eos: bool = False         # the model's own stop ids do not end it: only stop_token_ids do
 
     @field_validator("stop")
     @classmethod
@@ -386,9 +391,19 @@ def choice_params(request: ChatRequest | CompletionRequest, prompt_len: int,
         stops.append(CLOSE_TAG)                        # one call at most: the response ends where it closes
     params = SamplingParams(max_tokens=asked or min(room, model.max_tokens),
                             temperature=1.0 if request.temperature is None else request.temperature,
-                            top_p=1.0 if request.top_p is None else request.top_p, stop_ids=model.stop_ids,
+                            top_p=1.0 if request.top_p is None else request.top_p, stop_ids=stop_ids_of(request, model),
                             stop_patterns=tuple(re.escape(stop) for stop in stops), grammar=grammar)
-    return [replace(params, seed=None if request.seed is None else request.seed + i) for i in range(request.n)]
+    return [replace(params, seed=None if request.seed is None else int64(request.seed + i)) for i in range(request.n)]
+
+
+def int64(value: int) -> int:
+    """`value` wrapped into a signed 64-bit integer (choice i of a request is seeded seed + i)."""
+    return (value + 2**63) % 2**64 - 2**63
+
+
+def stop_ids_of(request: ChatRequest | CompletionRequest, model: ServedModel) -> tuple[int, ...]:
+    """The ids that end a response: the request's `stop_token_ids`, and the model's own unless `ignore_eos`."""
+    return tuple(request.stop_token_ids or ()) + (() if request.ignore_eos else model.stop_ids)
 
 
 def cut_at_stop(text: str, stops: str | list[str] | None) -> str:

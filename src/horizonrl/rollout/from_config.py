@@ -19,7 +19,7 @@ from horizonrl.errors import ConfigError
 from horizonrl.learner.device import autocast_dtype
 from horizonrl.learner.lora import merged_parameters
 from horizonrl.learner.models import engine_copy, load_policy, pad_token_id, stop_ids
-from horizonrl.rollout.seat_opponents import NO_OPPONENT, OpponentPool, SeatOpponent
+from horizonrl.rollout.seat_opponents import NO_OPPONENT, SERVER, OpponentPool, SeatOpponent
 
 
 def make_agent(tokenizer, agent: AgentConfig) -> Agent:
@@ -80,11 +80,13 @@ ENGINE_BUILDERS = {"hf": hf_engine, "vllm": vllm_engine, "openai": openai_engine
 
 def make_seat_opponent(cfg: TrainConfig, tokenizer, actor, device: torch.device) -> SeatOpponent:
     """Who plays the seat of a self-play game the trained policy does not (`selfplay`, rollout/seat_opponents.py): a
-    model folder's policy, or a pool of `actor`'s snapshots, each sampled by an hf engine of its own in this process;
-    else no one (the policy plays every seat)."""
+    model folder's policy or a pool of `actor`'s snapshots, each sampled by an hf engine of its own in this process,
+    or a served model; else no one (the policy plays every seat)."""
     selfplay = cfg.selfplay
     if selfplay.opponent_model is not None:
         return model_opponent(selfplay.opponent_model, tokenizer, cfg.rollout, cfg.seed, device)
+    if selfplay.opponent_url is not None:
+        return served_opponent(selfplay.opponent_url, tokenizer, cfg.rollout, cfg.seed)
     if not selfplay.pool_size:
         return NO_OPPONENT
     copy = engine_copy(actor, autocast_dtype(device) or torch.float32, device)
@@ -108,6 +110,19 @@ def model_opponent(path: str, tokenizer, rollout: RolloutConfig, seed: int, devi
                           "the policy's prompts, and its ids are parsed with the policy's tokenizer)")
     return SeatOpponent(f"model:{path}", hf_engine(model, tokenizer, rollout, seed + 1, device, None, None),
                         learner_seat)
+
+
+def served_opponent(url: str, tokenizer, rollout: RolloutConfig, seed: int,
+                    learner_seat: int | None = None) -> SeatOpponent:
+    """The model served at `url` (the /v1 URL of an OpenAI-compatible server that returns token ids: vLLM,
+    `horizonrl gateway`) as a seat opponent ("server:<url>"), sampled through engines/openai_server.py, which sends
+    the policy's prompt ids and parses the ids sampled with the policy's tokenizer: the server must serve a model
+    with that tokenizer. No weights are ever sent to it. A server that does not answer, or returns no token ids, is
+    an EngineError naming the URL."""
+    from horizonrl.engines.openai_server import OpenAIServerEngine
+
+    engine = OpenAIServerEngine(tokenizer, url, rollout.openai.api_key, None, rollout.openai.timeout_s, seed + 1)
+    return SeatOpponent(f"{SERVER}{url}", engine, learner_seat)
 
 
 def sampling_params(rollout: RolloutConfig, tokenizer, model, agent: Agent,

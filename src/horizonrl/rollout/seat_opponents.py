@@ -7,6 +7,9 @@ in the other; `learner_seat` fixes the trained policy's seat instead (`horizonrl
 plays each seat apart). The opponent samples from an engine of its own over the same prompts and tokenizer; its
 turns carry its name (`Turn.policy`) and make no episode (rollout/seats.py): only the policy's seats are trained.
 
+A served opponent (`selfplay.opponent_url`, rollout/from_config.served_opponent) is a SeatOpponent whose engine is
+an OpenAI-compatible server's (engines/openai_server.py): a model of any size, on other machines.
+
 `OpponentPool`: the initial policy is the pool's first member; every `snapshot_every` iterations the trained
 weights join it (the oldest member leaves once it holds `size`), and after each iteration one member, drawn
 uniformly (seeded by the run's seed and the iteration), plays the next batch's games.
@@ -29,6 +32,7 @@ from horizonrl.engines.base import Engine
 
 
 CHECKPOINT = "checkpoint:"   # `horizonrl eval --opponent checkpoint:PATH`: the model folder PATH as the opponent
+SERVER = "server:"           # `--opponent server:URL`, Turn.policy of selfplay.opponent_url: a served model
 
 
 class SeatOpponent:
