@@ -50,5 +50,5 @@ def refusal(game: str) -> str:
     for reason, names in REFUSED.items():
         if name in names:
             return f"textarena:{game} {reason}"
-    return (f"textarena:{game} is not adapted here: TextArena's other two-player games take free-text moves (a bid, an "
-            f"offer, a chess move), which no action list holds; adapted: {', '.join(GAMES)}")
+    return (f"textarena:{game} is not adapted here; adapted: {', '.join(GAMES)} (the rest of TextArena's two-player "
+            "games take free-text moves, a bid, an offer, a chess move, which no action list holds)")
