@@ -72,7 +72,7 @@ def test_kuhn_spells_the_seats_card_and_the_moves_so_far():
     for action in (2, 0, 0, 1):              # deal: King to player 1, Jack to player 2; player 1 passes, 2 bets
         state.apply_action(action)
     text = openspiel_games.TEXTS["kuhn_poker"].describe(state, 0)
-    assert text == ("You are player 1 of 2 (you move first).\nYour card: King.\n"
+    assert text == ("You are player 1 of 2 (you move first).\nYour card: King (the highest of the three).\n"
                     "Moves so far: you passed, the opponent bet.")
 
 

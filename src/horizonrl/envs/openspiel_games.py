@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 KUHN_CARDS = ("Jack", "Queen", "King")
+KUHN_RANKS = ("the lowest", "the middle one", "the highest")   # of the three: the mission names no card
 LEDUC_RANKS = ("Jack", "Queen", "King")        # OpenSpiel's card c has rank c // 2 (two suits)
 LEDUC_MOVES = {0: "folded", 1: "called", 2: "raised"}
 KUHN_MOVES = {"p": "passed", "b": "bet"}
@@ -64,7 +65,8 @@ def kuhn_facts(state, seat: int) -> tuple[str, str]:
 
 def kuhn(state, seat: int) -> str:
     card, moves = kuhn_facts(state, seat)
-    return "\n".join([seat_line(seat), f"Your card: {card}.", f"Moves so far: {moves}."])
+    rank = KUHN_RANKS[KUHN_CARDS.index(card)]
+    return "\n".join([seat_line(seat), f"Your card: {card} ({rank} of the three).", f"Moves so far: {moves}."])
 
 
 def kuhn_recap(state, seat: int) -> str:
@@ -126,8 +128,8 @@ def cells(width: int, height: int) -> list[str]:
 TEXTS: dict[str, GameText] = {
     "kuhn_poker": GameText(
         intro="You are playing Kuhn poker against an opponent",
-        mission="win chips: each player antes 1 chip and gets one card of Jack, Queen and King (the third stays "
-                "unseen); at the showdown the higher card takes the pot",
+        mission="win chips: each player antes 1 chip and gets one of three cards (the third stays unseen); at the "
+                "showdown the higher card takes the pot",
         move_names=["pass", "bet"],
         moves={"pass": "check, or fold when the opponent has bet", "bet": "add one chip, or call the opponent's bet"},
         describe=kuhn, recap=kuhn_recap,
