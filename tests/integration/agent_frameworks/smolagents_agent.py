@@ -1,5 +1,7 @@
 """The arithmetic agent with smolagents: a `ToolCallingAgent` with one `@tool` over `OpenAIServerModel` on
-the rollout's URL, with smolagents' defaults (its system prompt, `final_answer` tool, max_steps). smolagents is
+the rollout's URL, with smolagents' defaults (its system prompt, `final_answer` tool) but for max_steps: 4, not 20,
+since each step's call and observation stay in the prompt, which after ~7 steps outgrows the tiny model's 2048-token
+context (smolagents' system prompt alone is ~1,000 of its tokens; a CI run had one rollout at 2111). smolagents is
 synchronous: the run goes to a thread, so the other rollouts' agents are not blocked. It sends no telemetry
 and reaches no hub with this model class."""
 
@@ -10,6 +12,8 @@ import asyncio
 from smolagents import OpenAIServerModel, ToolCallingAgent, tool
 
 from integration.agent_frameworks.common import calculate, reward, system_and_question
+
+MAX_STEPS = 4     # the prompt after 4 steps: ~1,000 tokens of system prompt + 4 calls and observations < 2048
 
 
 @tool
@@ -36,7 +40,7 @@ async def solve(task: dict, base_url: str, stream: bool) -> float:
 
     def run():
         model = OpenAIServerModel(model_id="policy", api_base=base_url, api_key="unused")
-        return ToolCallingAgent(tools=[calculator], model=model, instructions=system, stream_outputs=stream).run(
-            question)
+        return ToolCallingAgent(tools=[calculator], model=model, instructions=system, stream_outputs=stream,
+                                max_steps=MAX_STEPS).run(question)
 
     return reward(await asyncio.to_thread(run), task)
