@@ -127,7 +127,8 @@ def test_a_pool_run_a_model_opponent_run_and_an_eval_against_a_checkpoint(tmp_pa
 
 def test_a_served_model_plays_the_other_seat_in_training_and_in_eval(tmp_path, capsys):
     """A gateway (a real OpenAI-compatible server returning token ids) serves the toy's initial policy; as the
-    opponent it samples every turn of the other seat: as many completions as the games' opponent turns."""
+    opponent it samples every turn of the other seat: a completion at least for each game, beside the engine's
+    start-up probe."""
     from horizonrl.gateway.server import Gateway, GatewayThread
     from horizonrl.learner.models import load_policy, stop_ids
 

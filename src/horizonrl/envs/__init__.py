@@ -104,6 +104,9 @@ REGISTRY.update({f"textarena:{game}": EnvSpec("horizonrl.envs.textarena_env:Text
                  for game, (about, _) in textarena_games.GAMES.items()})
 
 
+REFUSALS = {"gem:": gem_games.refusal, "textarena:": textarena_games.refusal}   # prefix -> why a game is not played
+
+
 def register(env_id: str, factory: str | Callable[..., TextEnv], description: str = "", **kwargs) -> None:
     """Make `env_id` buildable by `make` (and so by `env.id` in a config)."""
     REGISTRY[env_id] = EnvSpec(factory, kwargs, description)
@@ -111,10 +114,9 @@ def register(env_id: str, factory: str | Callable[..., TextEnv], description: st
 
 def spec(env_id: str) -> EnvSpec:
     if env_id not in REGISTRY:
-        if env_id.startswith("gem:"):        # a GEM game this adapter does not play: why not
-            raise ValueError(gem_games.refusal(env_id.removeprefix("gem:")))
-        if env_id.startswith("textarena:"):  # a TextArena game this adapter does not play: why not
-            raise ValueError(textarena_games.refusal(env_id.removeprefix("textarena:")))
+        for prefix, refusal in REFUSALS.items():   # a game an adapter does not play: why not
+            if env_id.startswith(prefix):
+                raise ValueError(refusal(env_id.removeprefix(prefix)))
         raise ValueError(f"unknown env {env_id!r}; known envs: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[env_id]
 
